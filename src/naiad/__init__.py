@@ -1,0 +1,2 @@
+"""naiad: a Triton-compatible inference server."""
+__version__ = "0.1.0"
