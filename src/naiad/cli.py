@@ -1,0 +1,167 @@
+"""naiad's command line: `naiad serve` (Triton's flags) and `naiad config MODEL_DIR`.
+
+This is the composition root: flags become ServerOptions, and ServerOptions wire the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from naiad.config.options import ServerOptions
+
+log = logging.getLogger("naiad.cli")
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got '{text}'")
+
+
+def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
+    parser.add_argument(flag, type=_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help)
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help="serve a model repository (tritonserver's flags)")
+    p.add_argument("--model-repository", "--model-store", dest="model_repository", action="append",
+                   required=True, help="model repository path (repeatable)")
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    p.add_argument("--load-model", action="append", default=[], help="explicit mode: model to load at start")
+    p.add_argument("--repository-poll-secs", type=float, default=None)
+    p.add_argument("--model-config-name", default=None, help="use <model>/configs/<name>.pbtxt when present")
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    _add_bool(p, "--strict-model-config", False, "deprecated: true disables auto-complete")
+    _add_bool(p, "--strict-readiness", True, "ready only when every model is ready")
+    _add_bool(p, "--exit-on-error", True, "exit when a model fails to load at start")
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument("--model-load-thread-count", type=int, default=4)
+    p.add_argument("--backend-config", action="append", default=[], help="<backend>,<key>=<value>")
+    _add_bool(p, "--allow-http", True, "serve HTTP")
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024)
+    _add_bool(p, "--allow-grpc", True, "serve gRPC (not built yet: accepted for compatibility)")
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    _add_bool(p, "--allow-metrics", True, "serve metrics (not built yet: accepted for compatibility)")
+    p.add_argument("--metrics-address", default=None)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--id", default="triton", help="server id reported in server metadata")
+    p.add_argument("--log-verbose", type=int, default=0)
+    _add_bool(p, "--log-info", True, "log info messages")
+    _add_bool(p, "--log-warning", True, "log warnings")
+    _add_bool(p, "--log-error", True, "log errors")
+    p.add_argument("--log-format", choices=["default", "ISO8601"], default="default")
+    p.add_argument("--log-file", default="")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="naiad", description="A Triton-compatible inference server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    config = sub.add_parser("config", help="print a model's auto-completed config as config.pbtxt")
+    config.add_argument("model_dir", type=Path)
+    config.add_argument("--model-config-name", default=None)
+    return parser
+
+
+def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ServerOptions:
+    """Check flag combinations as tritonserver does and build ServerOptions."""
+    mode = args.model_control_mode
+    if args.load_model and mode != "explicit":
+        parser.error("--load-model requires --model-control-mode=explicit")
+    if args.repository_poll_secs is not None and mode != "poll":
+        parser.error("--repository-poll-secs is only valid with --model-control-mode=poll")
+    backend_config = _backend_config(args.backend_config, parser)
+    default_mbs = backend_config.get("", {}).get("default-max-batch-size", "4")
+    return ServerOptions(
+        model_repositories=tuple(Path(p) for p in args.model_repository),
+        model_control_mode=mode,
+        load_models=tuple(args.load_model),
+        repository_poll_secs=args.repository_poll_secs if args.repository_poll_secs is not None else 15.0,
+        model_config_name=args.model_config_name,
+        auto_complete_config=not (args.disable_auto_complete_config or args.strict_model_config),
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
+        exit_timeout_secs=args.exit_timeout_secs,
+        model_load_thread_count=args.model_load_thread_count,
+        default_max_batch_size=int(default_mbs),
+        allow_http=args.allow_http,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        http_max_input_size=args.http_max_input_size,
+        allow_grpc=args.allow_grpc,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        allow_metrics=args.allow_metrics,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        server_id=args.id,
+        backend_config=backend_config,
+    )
+
+
+def _backend_config(values: list[str], parser: argparse.ArgumentParser) -> dict[str, dict[str, str]]:
+    """`<backend>,<key>=<value>`, or `<key>=<value>` for a global setting (backend "")."""
+    result: dict[str, dict[str, str]] = {}
+    for value in values:
+        backend, _, setting = value.rpartition(",")
+        key, sep, item = setting.partition("=")
+        if not sep or not key:
+            parser.error(f"--backend-config expects <backend>,<setting>=<value>, got '{value}'")
+        result.setdefault(backend, {})[key] = item
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "config":
+        return _print_config(args)
+    return _serve(args, options_from_args(args, parser))
+
+
+def _print_config(args: argparse.Namespace) -> int:
+    from naiad.config.model_config import config_to_pbtxt
+    from naiad.core.loader import prepare_config
+    from naiad.errors import NaiadError
+
+    model_dir: Path = args.model_dir.resolve()
+    options = ServerOptions(model_repositories=(model_dir.parent,), model_config_name=args.model_config_name)
+    try:
+        config, _ = prepare_config(model_dir.name, model_dir, options)
+    except NaiadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    sys.stdout.write(config_to_pbtxt(config))
+    return 0
+
+
+def _serve(args: argparse.Namespace, options: ServerOptions) -> int:
+    from naiad.frontends.serve import run
+    from naiad.observability.logs import LogSettings
+
+    log_settings = LogSettings(args.log_file, args.log_info, args.log_warning, args.log_error,
+                               args.log_verbose, args.log_format)
+    try:
+        import uvloop
+
+        return uvloop.run(run(options, log_settings))
+    except ImportError:
+        return asyncio.run(run(options, log_settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

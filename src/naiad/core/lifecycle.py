@@ -1,0 +1,322 @@
+"""Model lifecycle: load, atomic reload, unload, poll, and the routing table requests use.
+
+Reloads are atomic: new versions load beside the serving ones, the routing table switches in
+one step, and only then do replaced versions drain and unload. A failed load leaves whatever
+was serving untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.config.options import ServerOptions
+from naiad.core.loader import prepare_config, start_version
+from naiad.core.model import LoadedVersion
+from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable
+from naiad.repository.local import Discovery, discover, fingerprint, select_versions, version_dirs
+
+log = logging.getLogger(__name__)
+
+DUPLICATE_REASON = "model appears in two or more repositories"
+RELOAD_DRAIN_SECS = 30.0
+
+
+@dataclass(slots=True)
+class VersionStatus:
+    state: str
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class ModelRecord:
+    """What the manager knows of one model name, serving or not."""
+
+    name: str
+    serving: dict[int, LoadedVersion] = field(default_factory=dict)
+    status: dict[int, VersionStatus] = field(default_factory=dict)
+    error: str = ""
+    attempted: Any = None  # fingerprint of the last load attempt: poll retries only after a change
+    override: mc.ModelConfig | None = None  # a load's config override is remembered
+    files_dir: Path | None = None  # temporary model directory from `file:` overrides
+
+
+class ModelManager:
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self._records: dict[str, ModelRecord] = {}
+        self._routes: dict[str, tuple[dict[int, LoadedVersion], LoadedVersion]] = {}
+        self._route_lock = threading.Lock()
+        self._model_locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    # -- routing (hot path) ------------------------------------------------------------------
+
+    def acquire(self, name: str, version: int | None) -> LoadedVersion:
+        """The version a request goes to, with an in-flight slot taken; release it when done."""
+        with self._route_lock:
+            loaded = self._route(name, version)
+            loaded.acquire()
+        return loaded
+
+    def get(self, name: str, version: int | None) -> LoadedVersion:
+        """The serving version, for metadata and config (no slot taken)."""
+        with self._route_lock:
+            return self._route(name, version)
+
+    def _route(self, name: str, version: int | None) -> LoadedVersion:
+        route = self._routes.get(name)
+        if route is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        versions, default = route
+        if version is None:
+            return default
+        loaded = versions.get(version)
+        if loaded is None:
+            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+        return loaded
+
+    def serving_versions(self, name: str) -> list[int]:
+        route = self._routes.get(name)
+        return sorted(route[0]) if route else []
+
+    def loaded(self) -> list[LoadedVersion]:
+        return [v for versions, _ in list(self._routes.values()) for v in versions.values()]
+
+    # -- load / unload -----------------------------------------------------------------------
+
+    def load(self, name: str, override: mc.ModelConfig | None = None,
+             files: dict[str, bytes] | None = None) -> None:
+        """Load or reload `name`; a no-op when nothing changed. Raises with Triton's texts on failure."""
+        _check_name(name)
+        if files and override is None:
+            raise InvalidArgument("failed to load '" + name + "', config must be provided with file override")
+        with self._model_lock(name):
+            record = self._records.setdefault(name, ModelRecord(name))
+            if override is not None:
+                record.override = override
+            model_dir = self._model_dir(record, files)
+            self._load_locked(record, model_dir)
+
+    def _model_dir(self, record: ModelRecord, files: dict[str, bytes] | None) -> Path:
+        if files:
+            if record.files_dir is not None:
+                shutil.rmtree(record.files_dir, ignore_errors=True)
+            record.files_dir = _write_model_files(record.name, files)
+            return record.files_dir
+        if record.files_dir is not None:
+            return record.files_dir
+        found = discover(list(self.options.model_repositories))
+        if record.name in found.duplicates:
+            record.error = DUPLICATE_REASON
+            raise Unavailable(f"failed to load '{record.name}', {DUPLICATE_REASON}")
+        source = found.models.get(record.name)
+        if source is None:
+            raise InvalidArgument(f"failed to load '{record.name}', failed to poll from model repository")
+        return source.path
+
+    def _load_locked(self, record: ModelRecord, model_dir: Path) -> None:
+        name = record.name
+        record.attempted = fingerprint(model_dir)
+        try:
+            config, cls = prepare_config(name, model_dir, self.options, record.override)
+        except NaiadError as error:
+            self._fail(record, {}, str(error))
+            raise InvalidArgument(f"load failed for model '{name}': {error}") from None
+        available = version_dirs(model_dir)
+        wanted = select_versions(config.version_policy, list(available))
+        if not wanted:
+            self._fail(record, {}, "at least one version must be available under the version policy of the model")
+            raise InvalidArgument(f"load failed for model '{name}': {record.error}")
+        if self._unchanged(record, config, wanted, available):
+            return
+        started, failures = self._start_versions(record, config, cls, model_dir, wanted, available)
+        if failures:
+            for loaded in started.values():
+                if loaded not in record.serving.values():
+                    loaded.stop(0)
+            self._fail(record, failures, "")
+            detail = "; ".join(f"version {v} is at UNAVAILABLE state: {r}" for v, r in sorted(failures.items()))
+            raise InvalidArgument(f"load failed for model '{name}': {detail};")
+        self._switch(record, started)
+
+    def _unchanged(self, record: ModelRecord, config: mc.ModelConfig, wanted: list[int],
+                   available: dict[int, Path]) -> bool:
+        if sorted(record.serving) != wanted:
+            return False
+        return all(
+            v.config == config and v.fingerprint == fingerprint(available[n])
+            for n, v in record.serving.items()
+        )
+
+    def _start_versions(self, record: ModelRecord, config: mc.ModelConfig, cls: Any, model_dir: Path,
+                        wanted: list[int], available: dict[int, Path]
+                        ) -> tuple[dict[int, LoadedVersion], dict[int, str]]:
+        started: dict[int, LoadedVersion] = {}
+        failures: dict[int, str] = {}
+        for version in wanted:
+            current = record.serving.get(version)
+            version_dir = available.get(version)
+            if version_dir is None:
+                failures[version] = f"version {version} not found in model directory"
+                continue
+            stamp = fingerprint(version_dir)
+            if current is not None and current.config == config and current.fingerprint == stamp:
+                started[version] = current  # unchanged: keep serving it without a reload
+                continue
+            record.status.setdefault(version, VersionStatus("LOADING"))
+            try:
+                loaded = start_version(record.name, version, config, cls, model_dir, version_dir)
+            except Exception as error:  # any failure of a backend is this version's load failure
+                log.warning("failed to load '%s' version %d: %s", record.name, version, error)
+                failures[version] = str(error) or type(error).__name__
+                continue
+            loaded.fingerprint = stamp
+            started[version] = loaded
+        return started, failures
+
+    def _switch(self, record: ModelRecord, started: dict[int, LoadedVersion]) -> None:
+        replaced = [v for n, v in record.serving.items() if started.get(n) is not v]
+        with self._route_lock:
+            self._routes[record.name] = (dict(started), started[max(started)])
+        record.serving = started
+        record.error = ""
+        record.status = {n: VersionStatus("READY") for n in started}
+        for old in replaced:
+            if old.version not in started:
+                record.status[old.version] = VersionStatus("UNAVAILABLE", "unloaded")
+        log.info("successfully loaded '%s' version(s) %s", record.name, sorted(started))
+        for old in replaced:
+            old.stop(RELOAD_DRAIN_SECS)
+
+    def _fail(self, record: ModelRecord, failures: dict[int, str], reason: str) -> None:
+        record.error = reason
+        for version, why in failures.items():
+            if version not in record.serving:
+                record.status[version] = VersionStatus("UNAVAILABLE", why)
+
+    def unload(self, name: str, timeout: float = RELOAD_DRAIN_SECS) -> None:
+        """Stop routing to `name`, drain it, release it. Unloading an unknown model succeeds."""
+        _check_name(name)
+        with self._model_lock(name):
+            record = self._records.get(name)
+            if record is None:
+                return
+            with self._route_lock:
+                self._routes.pop(name, None)
+            for version in record.serving:
+                record.status[version] = VersionStatus("UNLOADING")
+            for version, loaded in list(record.serving.items()):
+                loaded.stop(timeout)
+                record.status[version] = VersionStatus("UNAVAILABLE", "unloaded")
+            record.serving = {}
+            if record.files_dir is not None:
+                shutil.rmtree(record.files_dir, ignore_errors=True)
+                record.files_dir = None
+            log.info("successfully unloaded '%s'", name)
+
+    def _model_lock(self, name: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._model_locks.setdefault(name, threading.Lock())
+
+    # -- startup, polling, shutdown ----------------------------------------------------------
+
+    def load_many(self, names: list[str]) -> dict[str, str]:
+        """Load models concurrently (--model-load-thread-count); returns name → error for failures."""
+        errors: dict[str, str] = {}
+
+        def one(name: str) -> None:
+            try:
+                self.load(name)
+            except NaiadError as error:
+                errors[name] = str(error)
+
+        with ThreadPoolExecutor(max(self.options.model_load_thread_count, 1)) as pool:
+            list(pool.map(one, names))
+        return errors
+
+    def discover(self) -> Discovery:
+        return discover(list(self.options.model_repositories))
+
+    def poll(self) -> None:
+        """Load what is new or changed since its last attempt; unload what left the repository."""
+        found = self.discover()
+        for name, source in found.models.items():
+            record = self._records.get(name)
+            if record is not None and record.files_dir is not None:
+                continue
+            if record is None or record.attempted != fingerprint(source.path):
+                try:
+                    self.load(name)
+                except NaiadError as error:
+                    log.error("%s", error)
+        for name in list(self._records):
+            record = self._records[name]
+            if name not in found.models and record.files_dir is None and record.serving:
+                self.unload(name)
+            if name not in found.models and record.files_dir is None:
+                self._records.pop(name, None)
+
+    def stop_all(self, timeout: float) -> None:
+        for name in list(self._records):
+            self.unload(name, timeout)
+
+    # -- index and readiness -----------------------------------------------------------------
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        found = self.discover()
+        names = sorted(set(found.models) | set(found.duplicates) | set(self._records))
+        entries: list[dict[str, Any]] = []
+        for name in names:
+            entries.extend(self._index_entries(name, found))
+        if ready_only:
+            entries = [e for e in entries if e.get("state") == "READY"]
+        return entries
+
+    def _index_entries(self, name: str, found: Discovery) -> list[dict[str, Any]]:
+        if name in found.duplicates:
+            return [{"name": name, "state": "UNAVAILABLE", "reason": DUPLICATE_REASON}]
+        record = self._records.get(name)
+        if record is None or (not record.status and not record.error):
+            return [{"name": name}]
+        if not record.status:
+            return [{"name": name, "state": "UNAVAILABLE", "reason": record.error}]
+        return [
+            {"name": name, "version": str(v), "state": s.state, "reason": s.reason}
+            for v, s in sorted(record.status.items())
+        ]
+
+    def all_ready(self) -> bool:
+        """Strict readiness: every model the server tried to load serves."""
+        return all(
+            not record.error and all(s.state == "READY" or s.reason == "unloaded" for s in record.status.values())
+            for record in self._records.values()
+        )
+
+
+def _check_name(name: str) -> None:
+    if not name:
+        raise InvalidArgument("Model name cannot be empty. Please enter a valid name to deploy.")
+    if "/" in name or "\\" in name or name in (".", "..") or ".." in name.split("/"):
+        raise InvalidArgument("model name must not contain path traversal characters")
+
+
+def _write_model_files(name: str, files: dict[str, bytes]) -> Path:
+    """`file:<version>/<path>` overrides become a temporary model directory."""
+    root = Path(tempfile.mkdtemp(prefix=f"naiad-{name}-"))
+    for relative, content in files.items():
+        target = (root / relative).resolve()
+        if not target.is_relative_to(root.resolve()):
+            shutil.rmtree(root, ignore_errors=True)
+            raise InvalidArgument("file override path must not contain path traversal characters")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    return root

@@ -1,0 +1,63 @@
+"""From a model directory to a completed, validated config and started LoadedVersions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import Model
+from naiad.backends.registry import backend_class
+from naiad.config.autocomplete import fill_defaults, resolve_backend
+from naiad.config.model_config import read_model_config
+from naiad.config.options import ServerOptions
+from naiad.config.validate import validate_config
+from naiad.core.model import LoadedVersion
+from naiad.errors import InvalidArgument
+from naiad.repository.local import version_dirs
+
+
+def prepare_config(
+    name: str, model_dir: Path, options: ServerOptions, override: mc.ModelConfig | None = None
+) -> tuple[mc.ModelConfig, type[Model]]:
+    """Read (or take the override), resolve the backend, auto-complete, fill defaults, validate."""
+    config = mc.ModelConfig()
+    if override is not None:
+        config.CopyFrom(override)
+    else:
+        found = read_model_config(model_dir, options.model_config_name)
+        if found is None and not options.auto_complete_config:
+            raise InvalidArgument(f"failed to load model '{name}': no config.pbtxt and auto-complete is disabled")
+        if found is not None:
+            config.CopyFrom(found)
+    if not config.name:
+        config.name = name
+    versions = version_dirs(model_dir)
+    first = versions[min(versions)] if versions else None
+    resolve_backend(config, model_dir, first)
+    cls = backend_class(config.backend)
+    # Triton adds `dynamic_batching {}` only when auto-complete itself made the model batch.
+    batch_was_unset = config.max_batch_size == 0
+    if options.auto_complete_config and first is not None:
+        cls.auto_complete(config, first, {"default_max_batch_size": options.default_max_batch_size})
+    fill_defaults(
+        config,
+        default_instance_count=cls.default_instance_count(),
+        add_dynamic_batching=options.auto_complete_config and batch_was_unset,
+    )
+    validate_config(config, name)
+    return config, cls
+
+
+def start_version(
+    name: str, version: int, config: mc.ModelConfig, cls: type[Model], model_dir: Path, version_dir: Path
+) -> LoadedVersion:
+    """Load one version and start its instances; raises with the reason on failure."""
+    model = cls(config, version_dir, version)
+    loaded = LoadedVersion(name, version, config, model, model_dir)
+    try:
+        loaded.start()
+    except BaseException:
+        model.close()
+        raise
+    return loaded

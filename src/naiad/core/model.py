@@ -1,0 +1,109 @@
+"""A loaded model version: its instances, scheduler, validator, statistics and in-flight count."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import Model, ModelInstance
+from naiad.config.model_config import tensor_specs
+from naiad.core.responses import ResponseBuilder
+from naiad.core.runner import InstanceRunner
+from naiad.core.validation import RequestValidator
+from naiad.core.warmup import run_warmup
+from naiad.observability.statistics import ModelStatistics
+from naiad.scheduling.base import Job, Scheduler, Sink
+from naiad.scheduling.default import DefaultScheduler
+from naiad.types import InferRequest
+
+log = logging.getLogger(__name__)
+
+
+class LoadedVersion:
+    """One version of one model, ready to serve once `start()` returns."""
+
+    def __init__(self, name: str, version: int, config: mc.ModelConfig, model: Model, model_dir: Path) -> None:
+        self.name = name
+        self.version = version
+        self.config = config
+        self.model = model
+        self.model_dir = model_dir
+        self.inputs, self.outputs = tensor_specs(config)
+        self.batched = config.max_batch_size > 0
+        self.validator = RequestValidator(name, config.max_batch_size, self.inputs, self.outputs)
+        self.builder = ResponseBuilder(name, str(version), self.outputs, self.batched, _labels(config, model_dir))
+        self.stats = ModelStatistics(name, str(version))
+        self._instances: list[ModelInstance] = []
+        self._scheduler: Scheduler | None = None
+        self._inflight = 0
+        self._idle = threading.Condition()
+        self.fingerprint: object = None  # of the version directory, to skip unchanged reloads
+
+    def start(self) -> None:
+        """Create every instance, warm each up, then start scheduling; on failure release them all."""
+        try:
+            for group in self.config.instance_group:
+                for index in range(group.count):
+                    instance = self.model.create_instance(group, index)
+                    self._instances.append(instance)
+                    run_warmup(instance, self.config, self.model_dir)
+        except BaseException:
+            self._close_instances()
+            raise
+        runners = [
+            InstanceRunner(i, self.builder, self.stats, self.batched, self.release) for i in self._instances
+        ]
+        self._scheduler = DefaultScheduler(runners, name=f"{self.name}-{self.version}")
+        self._scheduler.start()
+
+    def acquire(self) -> None:
+        """Count a request in flight; `stop` waits for the count to reach zero."""
+        with self._idle:
+            self._inflight += 1
+
+    def release(self, count: int = 1) -> None:
+        with self._idle:
+            self._inflight -= count
+            if self._inflight == 0:
+                self._idle.notify_all()
+
+    def submit(self, request: InferRequest, sink: Sink) -> None:
+        """Validate and queue; the caller has acquired a slot and releases it if this raises."""
+        self.validator.validate(request)
+        assert self._scheduler is not None, "submit before start"
+        self._scheduler.submit(Job(request, sink))
+
+    def pending(self) -> int:
+        return self._scheduler.pending() if self._scheduler else 0
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Wait for in-flight requests (up to `timeout` seconds), then release everything."""
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._inflight == 0, timeout):
+                log.warning("model '%s' version %d unloads with %d requests in flight",
+                            self.name, self.version, self._inflight)
+        if self._scheduler is not None:
+            self._scheduler.stop()
+            self._scheduler = None
+        self._close_instances()
+        self.model.close()
+
+    def _close_instances(self) -> None:
+        for instance in self._instances:
+            try:
+                instance.close()
+            except Exception:
+                log.exception("closing an instance of '%s' failed", self.name)
+        self._instances.clear()
+
+
+def _labels(config: mc.ModelConfig, model_dir: Path) -> dict[str, list[str]]:
+    labels = {}
+    for output in config.output:
+        if output.label_filename:
+            path = model_dir / output.label_filename
+            labels[output.name] = path.read_text().splitlines() if path.exists() else []
+    return labels

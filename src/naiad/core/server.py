@@ -1,0 +1,179 @@
+"""InferenceServer: the one object every frontend calls (protocol-neutral data plane)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+import naiad
+from naiad.config.model_config import config_from_json, config_to_json
+from naiad.config.options import ServerOptions
+from naiad.core.lifecycle import ModelManager
+from naiad.core.model import LoadedVersion
+from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable
+from naiad.observability.logs import LogSettings
+from naiad.types import InferRequest, InferResponse, TensorSpec
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS = [
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "logging",
+]
+
+
+class InferenceServer:
+    def __init__(self, options: ServerOptions, log_settings: LogSettings | None = None) -> None:
+        self.options = options
+        self.models = ModelManager(options)
+        self.logging = log_settings or LogSettings()
+        self.stopping = False
+        self.started = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the models the control mode asks for; raise when --exit-on-error and any failed."""
+        names = self._startup_models()
+        errors = self.models.load_many(names)
+        for name, error in errors.items():
+            log.error("%s", error)
+        if errors and self.options.exit_on_error:
+            raise Unavailable("failed to load all models: " + ", ".join(sorted(errors)))
+        self.started = True
+
+    def _startup_models(self) -> list[str]:
+        found = self.models.discover()
+        for name in found.duplicates:
+            log.error("failed to load '%s': model appears in two or more repositories", name)
+        if self.options.model_control_mode != "explicit":
+            return sorted(found.models)
+        if list(self.options.load_models) == ["*"]:
+            return sorted(found.models)
+        return list(self.options.load_models)
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.models.stop_all(self.options.exit_timeout_secs)
+
+    # -- health and metadata -----------------------------------------------------------------
+
+    def is_live(self) -> bool:
+        return True
+
+    def is_ready(self) -> bool:
+        if not self.started or self.stopping:
+            return False
+        return self.models.all_ready() if self.options.strict_readiness else True
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.options.server_id, "version": naiad.__version__, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: int | None) -> bool:
+        try:
+            self.models.get(name, version)
+        except NaiadError:
+            return False
+        return True
+
+    def model_metadata(self, name: str, version: int | None) -> dict[str, Any]:
+        loaded = self.models.get(name, version)
+        versions = [version] if version is not None else self.models.serving_versions(name)
+        config = loaded.config
+        return {
+            "name": name,
+            "versions": [str(v) for v in versions],
+            "platform": config.platform or config.backend,
+            "inputs": [_spec_json(s) for s in loaded.inputs],
+            "outputs": [_spec_json(s) for s in loaded.outputs],
+        }
+
+    def model_config(self, name: str, version: int | None) -> dict[str, Any]:
+        return config_to_json(self.models.get(name, version).config)
+
+    def model_inputs(self, name: str, version: int | None) -> list[TensorSpec]:
+        return self.models.get(name, version).inputs
+
+    # -- inference ---------------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run one request; errors before queueing raise, errors after come back in the response."""
+        loaded = self.models.acquire(request.model_name, request.model_version)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[InferResponse] = loop.create_future()
+
+        def sink(response: InferResponse) -> None:
+            loop.call_soon_threadsafe(_resolve, future, response)
+
+        try:
+            loaded.submit(request, sink)
+        except BaseException as error:
+            loaded.release()
+            if isinstance(error, NaiadError):
+                loaded.stats.record_failure(0)
+            raise
+        return await future
+
+    # -- repository --------------------------------------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self.models.index(ready_only)
+
+    def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        """Blocking: run it off the event loop."""
+        self._require_explicit()
+        override: mc.ModelConfig | None = None
+        files: dict[str, bytes] = {}
+        for key, value in parameters.items():
+            if key == "config":
+                override = config_from_json(value)
+            elif key.startswith("file:"):
+                files[key[len("file:"):]] = value
+        self.models.load(name, override, files or None)
+
+    def unload_model(self, name: str, parameters: dict[str, Any]) -> None:
+        """Blocking: run it off the event loop."""
+        self._require_explicit()
+        self.models.unload(name)
+
+    def _require_explicit(self) -> None:
+        if self.options.model_control_mode != "explicit":
+            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
+
+    # -- statistics --------------------------------------------------------------------------
+
+    def statistics(self, name: str | None, version: int | None) -> dict[str, Any]:
+        if name is None:
+            versions = self.models.loaded()
+        else:
+            try:
+                versions = [self.models.get(name, version)] if version is not None else [
+                    self.models.get(name, v) for v in self.models.serving_versions(name)
+                ]
+            except NotFound:
+                versions = []
+            if not versions:
+                raise InvalidArgument(f"requested model '{name}' is not available")
+        return {"model_stats": [v.stats.as_dict() for v in sorted(versions, key=_order)]}
+
+
+def _order(loaded: LoadedVersion) -> tuple[str, int]:
+    return loaded.name, loaded.version
+
+
+def _resolve(future: asyncio.Future[InferResponse], response: InferResponse) -> None:
+    if not future.done():
+        future.set_result(response)
+
+
+def _spec_json(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "datatype": spec.datatype.value, "shape": list(spec.shape)}

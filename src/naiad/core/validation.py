@@ -1,0 +1,107 @@
+"""Check a decoded request against the model's inputs and outputs, with Triton's messages."""
+
+from __future__ import annotations
+
+from naiad.errors import InvalidArgument
+from naiad.types import InferRequest, TensorSpec
+
+_BATCH_NOTE = (
+    " NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+    "prepended to each input shape. If you want to specify the full shape including the batch dim in "
+    "your input dims config, try setting max_batch_size to zero. See the model configuration docs for "
+    "more info on max_batch_size."
+)
+
+
+def request_prefix(request: InferRequest) -> str:
+    """Triton prefixes every inference error with the request id."""
+    return f"[request id: {request.id or '<id_unknown>'}] "
+
+
+def _dims(shape: tuple[int, ...] | list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+class RequestValidator:
+    """Validates requests for one model version; built once at load time."""
+
+    def __init__(self, model_name: str, max_batch_size: int, inputs: list[TensorSpec],
+                 outputs: list[TensorSpec]) -> None:
+        self.model_name = model_name
+        self.max_batch_size = max_batch_size
+        self.inputs = {spec.name: spec for spec in inputs}
+        self.outputs = {spec.name: spec for spec in outputs}
+        self.required = [spec.name for spec in inputs if not spec.optional]
+
+    def validate(self, request: InferRequest) -> None:
+        """Raise InvalidArgument (prefixed with the request id) for the first problem found."""
+        try:
+            self._check_input_names(request)
+            for tensor in request.inputs:
+                self._check_input(tensor.name, tensor.datatype.value, tensor.shape)
+            self._check_batch(request)
+            self._check_outputs(request)
+        except InvalidArgument as error:
+            raise InvalidArgument(request_prefix(request) + error.message) from None
+
+    def _check_input_names(self, request: InferRequest) -> None:
+        given = [t.name for t in request.inputs]
+        for name in given:
+            if name not in self.inputs:
+                raise InvalidArgument(f"unexpected inference input '{name}' for model '{self.model_name}'")
+        missing = [name for name in self.required if name not in given]
+        if not missing:
+            return
+        total, required = len(self.inputs), len(self.required)
+        expected = (f"expected {total} inputs" if total == required
+                    else f"expected number of inputs between {required} and {total}")
+        raise InvalidArgument(
+            f"{expected} but got {len(given)} inputs for model '{self.model_name}'. "
+            f"Got input(s) {_names(given)}, but missing required input(s) {_names(missing)}. "
+            "Please provide all required input(s)."
+        )
+
+    def _check_input(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
+        spec = self.inputs[name]
+        if datatype != spec.datatype.value:
+            raise InvalidArgument(
+                f"inference input '{name}' data-type is '{datatype}', but model "
+                f"'{self.model_name}' expects '{spec.datatype.value}'"
+            )
+        if not _matches(spec.shape, shape):
+            note = _BATCH_NOTE if self.max_batch_size > 0 else ""
+            raise InvalidArgument(
+                f"unexpected shape for input '{name}' for model '{self.model_name}'. "
+                f"Expected {_dims(spec.shape)}, got {_dims(shape)}.{note}"
+            )
+
+    def _check_batch(self, request: InferRequest) -> None:
+        if self.max_batch_size <= 0 or not request.inputs:
+            return
+        sizes = {t.shape[0] for t in request.inputs}
+        if len(sizes) > 1:
+            raise InvalidArgument(
+                f"inputs of model '{self.model_name}' must have the same batch size, got {sorted(sizes)}"
+            )
+        size = sizes.pop()
+        if size < 1:
+            raise InvalidArgument(f"inference request batch-size must be >= 1 for '{self.model_name}'")
+        if size > self.max_batch_size:
+            raise InvalidArgument(
+                f"inference request batch-size must be <= {self.max_batch_size} for '{self.model_name}'"
+            )
+
+    def _check_outputs(self, request: InferRequest) -> None:
+        for output in request.outputs or ():
+            if output.name not in self.outputs:
+                raise InvalidArgument(
+                    f"unexpected inference output '{output.name}' for model '{self.model_name}'"
+                )
+
+
+def _matches(expected: tuple[int, ...], actual: tuple[int, ...]) -> bool:
+    return len(expected) == len(actual) and all(e == -1 or e == a for e, a in zip(expected, actual, strict=True))
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"

@@ -1,0 +1,168 @@
+"""One coroutine per HTTP endpoint; each turns a route and body into a Reply."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from naiad.core.server import InferenceServer
+from naiad.errors import InvalidArgument, NaiadError
+from naiad.frontends.http.codec import decode_infer_request, decode_raw_request, encode_infer_response
+from naiad.frontends.http.reply import Reply, json_reply
+from naiad.frontends.http.routes import Route
+
+Headers = dict[bytes, bytes]
+Handler = Callable[[InferenceServer, Route, bytes, Headers], Awaitable[Reply]]
+_json = json_reply
+_reply = Reply
+
+
+def _bool_reply(ok: bool, false_body: bytes = b"") -> Reply:
+    return _reply(200) if ok else _reply(400, false_body)
+
+
+def _parse_json(body: bytes) -> Any:
+    if not body.strip():
+        return {}
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError as error:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {error}") from None
+
+
+async def live(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _bool_reply(server.is_live())
+
+
+async def ready_server(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _bool_reply(server.is_ready())
+
+
+async def server_metadata(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _json(server.metadata())
+
+
+async def model_ready(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    ready = server.model_ready(route.model or "", route.version)
+    return _bool_reply(ready, b'{"error":"Model version not ready"}')
+
+
+async def model_metadata(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _json(server.model_metadata(route.model or "", route.version))
+
+
+async def model_config(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _json(server.model_config(route.model or "", route.version))
+
+
+async def model_stats(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _json(server.statistics(route.model, route.version))
+
+
+async def stats_all(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _json(server.statistics(None, None))
+
+
+async def model_infer(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    model = route.model or ""
+    header_length = _header_length(headers)
+    if header_length == 0:
+        inputs = server.model_inputs(model, route.version)
+        request = decode_raw_request(body, inputs[0], len(inputs), model, route.version)
+    else:
+        request = decode_infer_request(body, header_length, model, route.version)
+    response = await server.infer(request)
+    if response.error is not None:
+        error = response.error
+        raise error if isinstance(error, NaiadError) else NaiadError(str(error))
+    out, json_length = encode_infer_response(response, request)
+    if json_length is None:
+        return _reply(200, out)
+    return _reply(200, out, b"application/octet-stream",
+                  [(b"inference-header-content-length", str(json_length).encode())])
+
+
+def _header_length(headers: Headers) -> int | None:
+    value = headers.get(b"inference-header-content-length")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgument(
+            f"Unable to parse inference header size, got: {value.decode('latin-1')}"
+        ) from None
+
+
+async def index(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    request = _parse_json(body)
+    ready = bool(request.get("ready", False)) if isinstance(request, dict) else False
+    return _json(server.repository_index(ready))
+
+
+async def load(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    parameters = _parameters(body)
+    for key, value in list(parameters.items()):
+        if key.startswith("file:"):
+            parameters[key] = _base64(key, value)
+        elif key == "config" and not isinstance(value, str):
+            raise InvalidArgument("'config' parameter must be a JSON string")
+    await asyncio.get_running_loop().run_in_executor(None, server.load_model, route.model or "", parameters)
+    return _reply(200)
+
+
+async def unload(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    parameters = _parameters(body)
+    await asyncio.get_running_loop().run_in_executor(None, server.unload_model, route.model or "", parameters)
+    return _reply(200)
+
+
+def _parameters(body: bytes) -> dict[str, Any]:
+    request = _parse_json(body)
+    parameters = request.get("parameters", {}) if isinstance(request, dict) else None
+    if not isinstance(parameters, dict):
+        raise InvalidArgument("'parameters' must be a JSON object")
+    return parameters
+
+
+def _base64(key: str, value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"file parameter '{key}' must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument(f"unable to decode base64 content of '{key}'") from None
+
+
+async def get_logging(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _json(server.logging.get())
+
+
+async def post_logging(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    changes = _parse_json(body)
+    if not isinstance(changes, dict):
+        raise InvalidArgument("logging settings must be a JSON object")
+    return _json(server.logging.update(changes))
+
+
+HANDLERS: dict[tuple[str, str], Handler] = {
+    ("live", "GET"): live,
+    ("ready_server", "GET"): ready_server,
+    ("server_metadata", "GET"): server_metadata,
+    ("model_ready", "GET"): model_ready,
+    ("model_metadata", "GET"): model_metadata,
+    ("model_config", "GET"): model_config,
+    ("model_stats", "GET"): model_stats,
+    ("stats_all", "GET"): stats_all,
+    ("model_infer", "POST"): model_infer,
+    ("index", "POST"): index,
+    ("load", "POST"): load,
+    ("unload", "POST"): unload,
+    ("logging", "GET"): get_logging,
+    ("logging", "POST"): post_logging,
+}

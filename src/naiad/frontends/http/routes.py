@@ -1,0 +1,50 @@
+"""URL → route: the path patterns Triton serves (SPEC §1.1)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    action: str
+    model: str | None = None
+    version: int | None = None
+
+
+_MODEL = re.compile(
+    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
+    r"(?:/(?P<action>infer|ready|config|stats))?$"
+)
+_REPOSITORY = re.compile(r"^/v2/repository(?:/[^/]+)?/models/(?P<model>[^/]+)/(?P<action>load|unload)$")
+_FIXED = {
+    "/v2": "server_metadata",
+    "/v2/": "server_metadata",
+    "/v2/health/live": "live",
+    "/v2/health/ready": "ready_server",
+    "/v2/models/stats": "stats_all",
+    "/v2/repository/index": "index",
+    "/v2/logging": "logging",
+}
+
+
+def match(path: str) -> Route | None:
+    """The route for `path`, or None (404)."""
+    action = _FIXED.get(path)
+    if action is not None:
+        return Route(action)
+    found = _MODEL.match(path)
+    if found is not None:
+        version = found["version"]
+        return Route(
+            "model_" + (found["action"] or "metadata"),
+            found["model"],
+            int(version) if version is not None else None,
+        )
+    found = _REPOSITORY.match(path)
+    if found is not None:
+        return Route(found["action"], found["model"])
+    if path.startswith("/v2/repository/") and path.endswith("/index"):
+        return Route("index")
+    return None

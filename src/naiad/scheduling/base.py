@@ -1,0 +1,48 @@
+"""The scheduler contract.
+
+A scheduler decides which requests execute together and on which instance. `submit` returns
+at once; each request's response reaches its sink later, from a runner thread. Runners are
+callables handed in by the core (one per model instance): a runner executes a list of jobs as
+one batch and delivers every job's response itself, so a scheduler never sees outputs.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from naiad.types import InferRequest, InferResponse
+
+Sink = Callable[[InferResponse], None]
+
+
+@dataclass(slots=True)
+class Job:
+    """A request waiting for execution, with where its response goes and when it arrived."""
+
+    request: InferRequest
+    sink: Sink
+    enqueued_ns: int = field(default_factory=time.monotonic_ns)
+
+
+Runner = Callable[[list[Job]], None]
+
+
+class Scheduler(ABC):
+    @abstractmethod
+    def start(self) -> None:
+        """Start the threads that feed the runners."""
+
+    @abstractmethod
+    def submit(self, job: Job) -> None:
+        """Queue a job; never blocks on execution."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop after the queued jobs have run; returns when every runner thread has exited."""
+
+    @abstractmethod
+    def pending(self) -> int:
+        """Jobs queued and not yet executing."""
