@@ -93,8 +93,12 @@ class Model(ABC):
         self.version = version
 
     @classmethod
-    def auto_complete(cls, config: mc.ModelConfig, version_dir: Path, options: Mapping[str, Any]) -> None:
-        """Fill what the config leaves out from the model file (inputs, outputs, max_batch_size)."""
+    def auto_complete(cls, config: mc.ModelConfig, version_dir: Path, options: Mapping[str, Any]) -> bool:
+        """Fill what the config leaves out from the model file (inputs, outputs, max_batch_size).
+
+        Returns True when auto-complete made the model batch (Triton then adds dynamic batching).
+        """
+        return False
 
     @classmethod
     def default_instance_count(cls) -> int:

@@ -65,19 +65,15 @@ class OnnxRuntimeModel(Model):
     backend_name = "onnxruntime"
 
     @classmethod
-    def auto_complete(cls, config: mc.ModelConfig, version_dir: Path, options: Mapping[str, Any]) -> None:
+    def auto_complete(cls, config: mc.ModelConfig, version_dir: Path, options: Mapping[str, Any]) -> bool:
         path = model_file_path(config, version_dir)
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        complete_io_from_model(
+        return complete_io_from_model(
             config,
             _io_signature(session.get_inputs()),
             _io_signature(session.get_outputs()),
             default_max_batch_size=int(options.get("default_max_batch_size", 4)),
         )
-
-    @classmethod
-    def default_instance_count(cls) -> int:
-        return 1
 
     def __init__(self, config: mc.ModelConfig, version_dir: Path, version: int) -> None:
         super().__init__(config, version_dir, version)

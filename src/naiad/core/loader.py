@@ -34,17 +34,15 @@ def prepare_config(
         config.name = name
     versions = version_dirs(model_dir)
     first = versions[min(versions)] if versions else None
-    resolve_backend(config, model_dir, first)
+    resolve_backend(config, model_dir, first, model_name=name)
     cls = backend_class(config.backend)
-    # Triton adds `dynamic_batching {}` only when auto-complete itself made the model batch.
-    batch_was_unset = config.max_batch_size == 0
+    made_batching = False
     if options.auto_complete_config and first is not None:
-        cls.auto_complete(config, first, {"default_max_batch_size": options.default_max_batch_size})
-    fill_defaults(
-        config,
-        default_instance_count=cls.default_instance_count(),
-        add_dynamic_batching=options.auto_complete_config and batch_was_unset,
-    )
+        settings = {"default_max_batch_size": options.default_max_batch_size}
+        made_batching = cls.auto_complete(config, first, settings)
+    # Triton adds `dynamic_batching {}` only when auto-complete itself made the model batch.
+    fill_defaults(config, default_instance_count=cls.default_instance_count(),
+                  add_dynamic_batching=made_batching)
     validate_config(config, name)
     return config, cls
 
