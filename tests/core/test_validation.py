@@ -1,0 +1,70 @@
+import numpy as np
+import pytest
+
+from naiad.core.validation import RequestValidator
+from naiad.errors import InvalidArgument
+from naiad.types import DataType, InferRequest, RequestedOutput, Tensor, TensorSpec
+
+INPUTS = [TensorSpec("INPUT0", DataType.INT32, (-1, 16)), TensorSpec("INPUT1", DataType.INT32, (-1, 16))]
+OUTPUTS = [TensorSpec("OUTPUT0", DataType.INT32, (-1, 16))]
+VALIDATOR = RequestValidator("simple", 8, INPUTS, OUTPUTS)
+
+
+def _tensor(name: str, shape: tuple[int, ...], datatype: DataType = DataType.INT32) -> Tensor:
+    return Tensor(name, datatype, shape, np.zeros(shape, dtype=datatype.numpy))
+
+
+def _request(*tensors: Tensor, outputs=None, request_id: str = "") -> InferRequest:
+    return InferRequest("simple", None, list(tensors), outputs, id=request_id)
+
+
+def _error(request: InferRequest) -> str:
+    with pytest.raises(InvalidArgument) as caught:
+        VALIDATOR.validate(request)
+    return caught.value.message
+
+
+def test_a_good_request_passes():
+    VALIDATOR.validate(_request(_tensor("INPUT0", (2, 16)), _tensor("INPUT1", (2, 16))))
+
+
+def test_missing_input_uses_tritons_text():
+    message = _error(_request(_tensor("INPUT0", (1, 16))))
+    assert message == (
+        "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'simple'. "
+        "Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s)."
+    )
+
+
+def test_optional_inputs_change_the_count_text():
+    validator = RequestValidator("m", 0, [TensorSpec("A", DataType.FP32, (1,)),
+                                         TensorSpec("B", DataType.FP32, (1,), optional=True),
+                                         TensorSpec("C", DataType.FP32, (1,))], [])
+    with pytest.raises(InvalidArgument, match="expected number of inputs between 2 and 3 but got 1 inputs"):
+        validator.validate(InferRequest("m", None, [_tensor("A", (1,), DataType.FP32)]))
+
+
+def test_unknown_input_and_output():
+    assert "unexpected inference input 'X' for model 'simple'" in _error(
+        _request(_tensor("INPUT0", (1, 16)), _tensor("X", (1, 16))))
+    assert _error(_request(_tensor("INPUT0", (1, 16)), _tensor("INPUT1", (1, 16)),
+                           outputs=[RequestedOutput("NOPE")], request_id="7")) == (
+        "[request id: 7] unexpected inference output 'NOPE' for model 'simple'")
+
+
+def test_datatype_mismatch():
+    message = _error(_request(_tensor("INPUT0", (1, 16), DataType.FP32), _tensor("INPUT1", (1, 16))))
+    assert "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'" in message
+
+
+def test_shape_mismatch_names_input_model_and_shapes():
+    message = _error(_request(_tensor("INPUT0", (2, 8)), _tensor("INPUT1", (2, 16))))
+    assert "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [2,8]." in message
+    assert "NOTE: Setting a non-zero max_batch_size" in message
+
+
+def test_batch_size_limits():
+    too_big = _error(_request(_tensor("INPUT0", (9, 16)), _tensor("INPUT1", (9, 16))))
+    assert too_big.endswith("inference request batch-size must be <= 8 for 'simple'")
+    uneven = _error(_request(_tensor("INPUT0", (2, 16)), _tensor("INPUT1", (3, 16))))
+    assert "must have the same batch size" in uneven

@@ -1,0 +1,33 @@
+import pytest
+
+from naiad.frontends.http.routes import Route, match
+
+
+@pytest.mark.parametrize(
+    ("path", "route"),
+    [
+        ("/v2", Route("server_metadata")),
+        ("/v2/health/live", Route("live")),
+        ("/v2/health/ready", Route("ready_server")),
+        ("/v2/models/stats", Route("stats_all")),
+        ("/v2/models/simple", Route("model_metadata", "simple")),
+        ("/v2/models/simple/versions/2", Route("model_metadata", "simple", 2)),
+        ("/v2/models/simple/versions/2/infer", Route("model_infer", "simple", 2)),
+        ("/v2/models/simple/ready", Route("model_ready", "simple")),
+        ("/v2/models/simple/config", Route("model_config", "simple")),
+        ("/v2/models/simple/versions/1/stats", Route("model_stats", "simple", 1)),
+        ("/v2/repository/index", Route("index")),
+        ("/v2/repository/models/simple/load", Route("load", "simple")),
+        ("/v2/repository/models/simple/unload", Route("unload", "simple")),
+        ("/v2/logging", Route("logging")),
+    ],
+)
+def test_known_paths(path, route):
+    assert match(path) == route
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/v1/models/x", "/v2/models/simple/versions/abc", "/v2/models/simple/explode", "/v2/models"]
+)
+def test_unknown_paths(path):
+    assert match(path) is None

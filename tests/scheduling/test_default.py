@@ -1,0 +1,61 @@
+import threading
+import time
+
+from naiad.scheduling.base import Job
+from naiad.scheduling.default import DefaultScheduler
+from naiad.types import InferRequest
+
+
+def _job(i: int, done: list) -> Job:
+    return Job(InferRequest("m", None, [], id=str(i)), done.append)
+
+
+def test_every_job_runs_once_and_alone():
+    ran: list[list[str]] = []
+    lock = threading.Lock()
+
+    def runner(jobs: list[Job]) -> None:
+        with lock:
+            ran.append([j.request.id for j in jobs])
+
+    scheduler = DefaultScheduler([runner, runner])
+    scheduler.start()
+    for i in range(50):
+        scheduler.submit(_job(i, []))
+    scheduler.stop()
+    assert sorted(int(batch[0]) for batch in ran) == list(range(50))
+    assert all(len(batch) == 1 for batch in ran)
+
+
+def test_an_idle_instance_takes_work_while_another_is_busy():
+    release = threading.Event()
+    started: list[str] = []
+
+    def slow(jobs: list[Job]) -> None:
+        started.append("slow")
+        release.wait(5)
+
+    def fast(jobs: list[Job]) -> None:
+        started.append("fast")
+
+    scheduler = DefaultScheduler([slow, fast])
+    scheduler.start()
+    for i in range(3):
+        scheduler.submit(_job(i, []))
+    deadline = time.monotonic() + 5
+    while started.count("fast") < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started.count("fast") == 2 and started.count("slow") == 1
+    release.set()
+    scheduler.stop()
+
+
+def test_stop_runs_queued_jobs_first():
+    ran: list[Job] = []
+    scheduler = DefaultScheduler([ran.extend])
+    for i in range(5):
+        scheduler.submit(_job(i, []))
+    assert scheduler.pending() == 5
+    scheduler.start()
+    scheduler.stop()
+    assert len(ran) == 5 and scheduler.pending() == 0
