@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -143,38 +144,23 @@ def fmt(value: float | None, spec: str = ",.0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_table(naiad: list[Measurement], triton: list[Measurement], concurrencies: list[int]) -> None:
-    by_c_n = {m.concurrency: m for m in naiad}
-    by_c_t = {m.concurrency: m for m in triton}
-    head = (
-        "c",
-        "naiad inf/s",
-        "Triton inf/s",
-        "ratio",
-        "naiad p50",
-        "Triton p50",
-        "naiad p99",
-        "Triton p99",
-        "naiad CPU-us",
-        "Triton CPU-us",
-    )
-    print("\nHTTP identity (latency in us; CPU-us = server CPU per inference)")
+def median_of(ms: list[Measurement], c: int, field: str) -> float | None:
+    """Median of one field over the rounds measured at concurrency ``c`` (None if none were)."""
+    values = [getattr(m, field) for m in ms if m.concurrency == c]
+    return statistics.median(values) if values else None
+
+
+def print_table(results: dict[str, list[Measurement]], concurrencies: list[int], rounds: int) -> None:
+    fields = ("infer_per_s", "p50_us", "p99_us", "cpu_us_per_infer")
+    titles = ("inf/s", "p50", "p99", "CPU-us")
+    head = ["c", "ratio"] + [f"{server} {t}" for t in titles for server in ("naiad", "Triton")]
+    print(f"\nHTTP identity, median of {rounds} round(s); latency in us, CPU-us = server CPU per inference")
     print("  ".join(f"{h:>13}" for h in head))
     for c in concurrencies:
-        n, t = by_c_n.get(c), by_c_t.get(c)
-        ratio = n.infer_per_s / t.infer_per_s if n and t else None
-        cells = (
-            str(c),
-            fmt(n and n.infer_per_s),
-            fmt(t and t.infer_per_s),
-            fmt(ratio, ".2f"),
-            fmt(n and n.p50_us),
-            fmt(t and t.p50_us),
-            fmt(n and n.p99_us),
-            fmt(t and t.p99_us),
-            fmt(n and n.cpu_us_per_infer),
-            fmt(t and t.cpu_us_per_infer),
-        )
+        n = {f: median_of(results["naiad"], c, f) for f in fields}
+        t = {f: median_of(results["triton"], c, f) for f in fields}
+        ratio = n["infer_per_s"] / t["infer_per_s"] if n["infer_per_s"] and t["infer_per_s"] else None
+        cells = [str(c), fmt(ratio, ".2f")] + [fmt(side[f]) for f in fields for side in (n, t)]
         print("  ".join(f"{cell:>13}" for cell in cells))
 
 
@@ -189,6 +175,7 @@ def write_json(results: dict[str, list[Measurement]], args: argparse.Namespace) 
         "shape": args.shape,
         "peer": "Triton 2.51.0 (nvidia-pytriton 0.7.0), Python backend identity",
         "client": "perf_analyzer 2.51.0 -i http --measurement-interval 3000",
+        "rounds": args.rounds,
         "triton_config": peer_config(),
         "results": {name: [dataclasses.asdict(m) for m in ms] for name, ms in results.items()},
     }
@@ -201,6 +188,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--shape", default="INPUT0:16", help="perf_analyzer --shape (default %(default)s)")
     parser.add_argument("--only", choices=["naiad", "triton"], help="measure one server only")
+    parser.add_argument("--rounds", type=int, default=1, help="Triton-then-naiad rounds; medians are shown")
     return parser.parse_args(argv)
 
 
@@ -209,16 +197,20 @@ def main(argv: list[str]) -> int:
     ensure_peers()
     results: dict[str, list[Measurement]] = {"naiad": [], "triton": []}
     failure = None
-    for name, start in (("triton", start_triton), ("naiad", start_naiad)):
-        if args.only and args.only != name:
-            continue
-        print(f"{name}:", flush=True)
-        try:
-            results[name] = measure(name, start(), args.concurrency, args.shape)
-        except (BenchError, OSError) as err:
-            failure = f"{name} failed: {err}"
-            print(f"\n{failure}", file=sys.stderr)
-    print_table(results["naiad"], results["triton"], args.concurrency)
+    servers = [
+        (n, f) for n, f in (("triton", start_triton), ("naiad", start_naiad)) if args.only in (None, n)
+    ]
+    for round_no in range(1, args.rounds + 1):
+        for name, start in servers:
+            print(f"{name} (round {round_no}/{args.rounds}):", flush=True)
+            try:
+                results[name] += measure(name, start(), args.concurrency, args.shape)
+            except (BenchError, OSError) as err:
+                failure = f"{name} failed: {err}"
+                print(f"\n{failure}", file=sys.stderr)
+        if failure:
+            break
+    print_table(results, args.concurrency, args.rounds)
     print(f"\nresults: {write_json(results, args)}")
     return 1 if failure else 0
 

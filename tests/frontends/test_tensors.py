@@ -41,7 +41,10 @@ def test_serialize_matches_tritonclient() -> None:
     array = np.array([[b"ab", b""], [b"\x00\xff", "h\u00e9"]], dtype=object)
     assert serialize_bytes_tensor(array) == client_serialize(array).item()
     assert serialize_bytes_tensor(array) == (
-        b"\x02\x00\x00\x00ab" + b"\x00\x00\x00\x00" + b"\x02\x00\x00\x00\x00\xff" + b"\x03\x00\x00\x00h\xc3\xa9"
+        b"\x02\x00\x00\x00ab"
+        + b"\x00\x00\x00\x00"
+        + b"\x02\x00\x00\x00\x00\xff"
+        + b"\x03\x00\x00\x00h\xc3\xa9"
     )
 
 

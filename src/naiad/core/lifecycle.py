@@ -128,9 +128,10 @@ class ModelManager:
         record.attempted = fingerprint(model_dir)
         try:
             config, cls = prepare_config(name, model_dir, self.options, record.override)
-        except NaiadError as error:
-            self._fail(record, {}, str(error))
-            raise InvalidArgument(f"load failed for model '{name}': {error}") from None
+        except Exception as error:  # a backend's auto-complete may fail with any error
+            reason = str(error) or type(error).__name__
+            self._fail(record, {}, reason)
+            raise InvalidArgument(f"load failed for model '{name}': {reason}") from None
         available = version_dirs(model_dir)
         wanted = select_versions(config.version_policy, list(available))
         if not wanted:
@@ -289,10 +290,7 @@ class ModelManager:
             return [{"name": name}]
         if not record.status:
             return [{"name": name, "state": "UNAVAILABLE", "reason": record.error}]
-        return [
-            {"name": name, "version": str(v), "state": s.state, "reason": s.reason}
-            for v, s in sorted(record.status.items())
-        ]
+        return [_index_entry(name, str(v), s.state, s.reason) for v, s in sorted(record.status.items())]
 
     def all_ready(self) -> bool:
         """Strict readiness: every model the server tried to load serves."""
@@ -300,6 +298,14 @@ class ModelManager:
             not record.error and all(s.state == "READY" or s.reason == "unloaded" for s in record.status.values())
             for record in self._records.values()
         )
+
+
+def _index_entry(name: str, version: str, state: str, reason: str) -> dict[str, Any]:
+    """Like Triton, an entry carries `reason` only when there is one."""
+    entry = {"name": name, "version": version, "state": state}
+    if reason:
+        entry["reason"] = reason
+    return entry
 
 
 def _check_name(name: str) -> None:

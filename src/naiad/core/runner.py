@@ -50,7 +50,8 @@ class InstanceRunner:
             log.exception("model '%s' failed to execute", self.builder.model_name)
             return [_internal(error)] * len(batch.requests)
         if len(results) != len(batch.requests):
-            message = f"model '{self.builder.model_name}' returned {len(results)} results for {len(batch.requests)} requests"
+            expected = len(batch.requests)
+            message = f"model '{self.builder.model_name}' returned {len(results)} results for {expected} requests"
             return [InternalError(message)] * len(batch.requests)
         return list(results)
 

@@ -38,6 +38,7 @@ class InferenceServer:
         self.logging = log_settings or LogSettings()
         self.stopping = False
         self.started = False
+        self.inflight = 0  # inference requests being served; shutdown drains them (event loop only)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -107,6 +108,13 @@ class InferenceServer:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run one request; errors before queueing raise, errors after come back in the response."""
+        self.inflight += 1
+        try:
+            return await self._infer(request)
+        finally:
+            self.inflight -= 1
+
+    async def _infer(self, request: InferRequest) -> InferResponse:
         loaded = self.models.acquire(request.model_name, request.model_version)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[InferResponse] = loop.create_future()
@@ -155,15 +163,20 @@ class InferenceServer:
         if name is None:
             versions = self.models.loaded()
         else:
-            try:
-                versions = [self.models.get(name, version)] if version is not None else [
-                    self.models.get(name, v) for v in self.models.serving_versions(name)
-                ]
-            except NotFound:
-                versions = []
+            versions = self._ready_versions(name)
             if not versions:
                 raise InvalidArgument(f"requested model '{name}' is not available")
+            if version is not None:
+                versions = [v for v in versions if v.version == version]
+                if not versions:
+                    raise InvalidArgument(f"requested model version is not available for model '{name}'")
         return {"model_stats": [v.stats.as_dict() for v in sorted(versions, key=_order)]}
+
+    def _ready_versions(self, name: str) -> list[LoadedVersion]:
+        try:
+            return [self.models.get(name, v) for v in self.models.serving_versions(name)]
+        except NotFound:  # unloaded between the two calls
+            return []
 
 
 def _order(loaded: LoadedVersion) -> tuple[str, int]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import time
 from types import FrameType
 
 import uvicorn
@@ -19,15 +21,32 @@ log = logging.getLogger(__name__)
 
 
 class _HttpServer(uvicorn.Server):
-    """uvicorn that marks the server not-ready the moment a stop signal arrives, before draining."""
+    """uvicorn that drains like Triton: on a stop signal the server turns not-ready but keeps
+    answering HTTP until in-flight inferences finish (or --exit-timeout-secs passes); only then
+    does uvicorn stop listening."""
 
-    def __init__(self, config: uvicorn.Config, server: InferenceServer) -> None:
+    def __init__(self, config: uvicorn.Config, server: InferenceServer, drain_secs: float) -> None:
         super().__init__(config)
         self.inference_server = server
+        self.drain_secs = drain_secs
+        self.drain_deadline: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not calling super(): uvicorn would re-raise the signal after serving, killing the
+        # process by signal before the models unload and the exit status is 0.
         self.inference_server.stopping = True
-        super().handle_exit(sig, frame)
+        if self.drain_deadline is None:
+            self.drain_deadline = time.monotonic() + self.drain_secs
+        else:  # a second signal: stop waiting
+            self.should_exit = True
+            self.force_exit = sig == signal.SIGINT
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_deadline is not None and (
+            self.inference_server.inflight == 0 or time.monotonic() >= self.drain_deadline
+        ):
+            self.should_exit = True
+        return await super().on_tick(counter)
 
 
 async def run(options: ServerOptions, log_settings: LogSettings) -> int:
@@ -73,7 +92,7 @@ async def _serve_http(server: InferenceServer, options: ServerOptions) -> None:
         timeout_graceful_shutdown=int(options.exit_timeout_secs),
     )
     log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
-    await _HttpServer(config, server).serve()
+    await _HttpServer(config, server, options.exit_timeout_secs).serve()
 
 
 async def _poll(server: InferenceServer) -> None:

@@ -19,6 +19,8 @@ from naiad.types import DataType
 INT64_MAX = 2**63 - 1
 
 _U32 = struct.Struct("<I")
+_BYTES = DataType.BYTES
+_BF16 = DataType.BF16
 # numpy dtypes pinned to little-endian so the wire layout holds on any host.
 _WIRE_DTYPE: dict[DataType, np.dtype[Any]] = {
     dt: dt.numpy.newbyteorder("<") for dt in DataType if dt is not DataType.BYTES
@@ -44,7 +46,7 @@ def element_count(shape: Sequence[int], name: str, model_name: str) -> int:
 
 def byte_size(datatype: DataType, count: int, name: str, model_name: str) -> int:
     """Bytes needed by `count` fixed-size elements; InvalidArgument past int64 (0 for BYTES)."""
-    size = count * datatype.itemsize
+    size = 0 if datatype is _BYTES else count * _WIRE_DTYPE[datatype].itemsize
     if size > INT64_MAX:
         raise InvalidArgument(f"byte size overflow for input '{name}' for model '{model_name}'")
     return size
@@ -110,32 +112,39 @@ def tensor_from_raw(
     shape: Sequence[int],
     raw: bytes | memoryview,
     model_name: str,
+    *,
+    count: int | None = None,
 ) -> np.ndarray:
     """Build the array for one input from its wire bytes, checked against `shape`.
 
-    Fixed-size types are a read-only zero-copy view of `raw`; BYTES become an object array.
+    Fixed-size types are a zero-copy view of `raw` (read-only when `raw` is); BYTES become an
+    object array. `count` is the element count of `shape` when the caller already checked it.
     """
-    count = element_count(shape, name, model_name)
-    if datatype is DataType.BYTES:
+    if count is None:
+        count = element_count(shape, name, model_name)
+    if datatype is _BYTES:
         where = f" for inference input '{name}' for model '{model_name}'"
         return _split_bytes(raw, count, where).reshape(shape)
-    expected = byte_size(datatype, count, name, model_name)
+    dtype = _WIRE_DTYPE[datatype]
+    expected = count * dtype.itemsize
+    if expected > INT64_MAX:
+        raise InvalidArgument(f"byte size overflow for input '{name}' for model '{model_name}'")
     got = raw.nbytes if isinstance(raw, memoryview) else len(raw)
     if got != expected:
         raise InvalidArgument(
             f"input byte size mismatch for input '{name}' for model '{model_name}'. "
             f"Expected {expected}, got {got}"
         )
-    return np.frombuffer(raw, dtype=_WIRE_DTYPE[datatype]).reshape(shape)
+    return np.ndarray(shape, dtype, raw)
 
 
 def tensor_to_raw(array: np.ndarray, datatype: DataType) -> bytes | memoryview:
     """Wire bytes of one tensor: a flat memoryview (no copy) of a C-contiguous little-endian
     array, else a converted copy. BF16 accepts raw uint16 bits, ml_dtypes.bfloat16 or floats."""
-    if datatype is DataType.BYTES:
+    if datatype is _BYTES:
         return serialize_bytes_tensor(array)
     array = np.asarray(array)
-    if datatype is DataType.BF16 and array.dtype != np.uint16:
+    if datatype is _BF16 and array.dtype != np.uint16:
         array = _as_bf16_bits(array)
     array = np.ascontiguousarray(array, dtype=_WIRE_DTYPE[datatype])
     if array.nbytes == 0:

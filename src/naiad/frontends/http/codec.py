@@ -15,6 +15,7 @@ import numpy as np
 
 from naiad.errors import InvalidArgument
 from naiad.frontends.tensors import (
+    INT64_MAX,
     bf16_to_float32,
     byte_size,
     element_count,
@@ -25,6 +26,12 @@ from naiad.frontends.tensors import (
 from naiad.types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor, TensorSpec
 
 _MISSING: Any = object()
+_DATATYPES = {dt.value: dt for dt in DataType}
+# Bytes per element for the overflow check (1 for BYTES: only its element count can overflow).
+_ITEMSIZE = {dt.value: dt.itemsize or 1 for dt in DataType}
+_BYTES = DataType.BYTES
+_BF16 = DataType.BF16
+_FP16 = DataType.FP16
 _INT64 = (-(2**63), 2**63 - 1)
 _FLOATS = frozenset({DataType.FP16, DataType.FP32, DataType.FP64, DataType.BF16})
 _INTS = frozenset(
@@ -203,33 +210,35 @@ def _input_head(item: dict[str, Any], model_name: str) -> _InputHead:
         )
     if not isinstance(shape, list):
         raise _input_error(name, f"Unable to parse 'shape': {_NOT_ARRAY}")
-    if not all(_is_uint(dim) for dim in shape):
-        raise _input_error(name, f"Unable to parse 'shape': {_NOT_UINT}")
-    try:
-        datatype = DataType(datatype_name)
-    except ValueError:
-        raise InvalidArgument(f"invalid datatype for input {name}") from None
-    count = element_count(shape, name, model_name)
-    byte_size(datatype, count, name, model_name)
+    count = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise _input_error(name, f"Unable to parse 'shape': {_NOT_UINT}")
+        count *= dim
+    datatype = _DATATYPES.get(datatype_name)
+    if datatype is None:
+        raise InvalidArgument(f"invalid datatype for input {name}")
+    if count * _ITEMSIZE[datatype_name] > INT64_MAX:
+        element_count(shape, name, model_name)  # raises the element count overflow, if that is it
+        byte_size(datatype, count, name, model_name)
     return _InputHead(name, datatype, tuple(shape), count, parameters)
 
 
 def _check_content_fields(item: dict[str, Any], parameters: dict[str, Any]) -> None:
-    fields = [
-        field
-        for field, present in (
-            ("'data'", "data" in item),
-            ("'binary_data_size'", "binary_data_size" in parameters),
-            ("'shared_memory_region'", "shared_memory_region" in parameters),
-        )
-        if present
-    ]
-    if len(fields) != 1:
-        found = " set " + " ".join(fields) if fields else " no field is set"
-        raise InvalidArgument(
-            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
-            "'parameters', 'shared_memory_region' in 'parameters'. But" + found
-        )
+    present = (
+        "data" in item,
+        "binary_data_size" in parameters,
+        "shared_memory_region" in parameters,
+    )
+    if sum(present) == 1:
+        return
+    names = ("'data'", "'binary_data_size'", "'shared_memory_region'")
+    fields = [name for name, found in zip(names, present, strict=True) if found]
+    found = " set " + " ".join(fields) if fields else " no field is set"
+    raise InvalidArgument(
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+        "'parameters', 'shared_memory_region' in 'parameters'. But" + found
+    )
 
 
 def _member_str(item: dict[str, Any], member: str) -> str:
@@ -260,7 +269,7 @@ def _input_data(head: _InputHead, item: dict[str, Any], body: _Body) -> np.ndarr
 
 def _take(head: _InputHead, size: Any, body: _Body) -> memoryview:
     """The next `size` bytes of the binary section, without copying."""
-    if not _is_uint(size):
+    if type(size) is not int or size < 0:
         raise _input_error(head.name, f"Unable to parse 'binary_data_size': {_NOT_UINT}")
     if size == 0:
         return body.view[0:0]
@@ -288,7 +297,7 @@ def _json_tensor(head: _InputHead, data: Any) -> np.ndarray:
         return np.empty(head.shape, dtype=head.datatype.numpy)
     if not isinstance(data, list):
         raise _input_error(head.name, f"Unable to parse 'data': {_NOT_ARRAY}")
-    decode = _json_bytes if head.datatype is DataType.BYTES else _json_numbers
+    decode = _json_bytes if head.datatype is _BYTES else _json_numbers
     return decode(head, data).reshape(head.shape)
 
 
@@ -324,6 +333,9 @@ def _json_numbers(head: _InputHead, data: list[Any]) -> np.ndarray:
     except ValueError:  # ragged nesting, or deeper than numpy's 64 dims
         array = np.asarray(_flatten(data))
     _check_count(head, array.size)
+    if array.dtype.kind == "f" and head.datatype in _INTS:
+        # numpy turns a mix of int64-only and uint64-only integers into float64; keep them exact.
+        array = np.array(_flatten(data), dtype=object)
     return _CONVERT[head.datatype](head, array.reshape(-1))
 
 
@@ -351,7 +363,8 @@ def _to_bool(head: _InputHead, array: np.ndarray) -> np.ndarray:
 def _to_int(head: _InputHead, array: np.ndarray) -> np.ndarray:
     target = head.datatype.numpy
     unsigned = target.kind == "u"
-    if array.dtype.kind not in "iu":
+    kind = array.dtype.kind
+    if kind not in "iu" and not (kind == "O" and all(type(v) is int for v in array)):
         raise _input_error(head.name, f"Unable to parse 'data': {_NOT_UINT if unsigned else _NOT_INT}")
     if array.dtype == target:
         return array
@@ -370,7 +383,7 @@ def _to_int(head: _InputHead, array: np.ndarray) -> np.ndarray:
 def _to_float(head: _InputHead, array: np.ndarray) -> np.ndarray:
     if array.dtype.kind not in "iuf":
         raise _input_error(head.name, f"Unable to parse 'data': {_NOT_NUMBER}")
-    if head.datatype is DataType.BF16:
+    if head.datatype is _BF16:
         return float_to_bf16_bits(array)
     return array.astype(head.datatype.numpy, copy=False)
 
@@ -447,7 +460,7 @@ def decode_raw_request(
     if batching is None:
         batching = len(spec.shape) > 1 and spec.shape[0] == -1
     dims = spec.shape[1:] if batching else spec.shape
-    if spec.datatype is DataType.BYTES:
+    if spec.datatype is _BYTES:
         shape, data = _raw_bytes_input(spec, dims, body, batching)
     else:
         shape = _raw_shape(spec, dims, len(body), batching)
@@ -533,14 +546,15 @@ def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]
 
 def _json_data(tensor: Tensor) -> list[Any] | None:
     array = np.asarray(tensor.data)
-    if tensor.datatype is DataType.BYTES:
+    datatype = tensor.datatype
+    if datatype is _BYTES:
         try:
             return [b.decode("utf-8") if isinstance(b, bytes) else str(b) for b in array.flat]
         except UnicodeDecodeError:
             return None
-    if tensor.datatype is DataType.BF16:
+    if datatype is _BF16:
         array = bf16_to_float32(array)
-    elif tensor.datatype is DataType.FP16:
+    elif datatype is _FP16:
         array = array.astype(np.float32)
     return array.ravel().tolist()
 

@@ -23,7 +23,8 @@ _reply = Reply
 
 
 def _bool_reply(ok: bool, false_body: bytes = b"") -> Reply:
-    return _reply(200) if ok else _reply(400, false_body)
+    # Triton sends this error body as text/plain (SPEC §0).
+    return _reply(200) if ok else _reply(400, false_body, b"text/plain")
 
 
 def _parse_json(body: bytes) -> Any:
