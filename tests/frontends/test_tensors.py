@@ -41,10 +41,7 @@ def test_serialize_matches_tritonclient() -> None:
     array = np.array([[b"ab", b""], [b"\x00\xff", "h\u00e9"]], dtype=object)
     assert serialize_bytes_tensor(array) == client_serialize(array).item()
     assert serialize_bytes_tensor(array) == (
-        b"\x02\x00\x00\x00ab"
-        + b"\x00\x00\x00\x00"
-        + b"\x02\x00\x00\x00\x00\xff"
-        + b"\x03\x00\x00\x00h\xc3\xa9"
+        b"\x02\x00\x00\x00ab" + b"\x00\x00\x00\x00" + b"\x02\x00\x00\x00\x00\xff" + b"\x03\x00\x00\x00h\xc3\xa9"
     )
 
 
@@ -216,3 +213,8 @@ def test_bf16_to_raw_accepts_ml_dtypes_and_floats() -> None:
     assert bytes(tensor_to_raw(values.astype(ml_dtypes.bfloat16), DataType.BF16)) == expected
     assert bytes(tensor_to_raw(values, DataType.BF16)) == expected
     assert bytes(tensor_to_raw(np.array([0x3F80, 0xC020], np.uint16), DataType.BF16)) == expected
+
+
+def test_from_raw_trusts_a_given_count() -> None:
+    raw = np.arange(6, dtype=np.int16).tobytes()
+    assert tensor_from_raw("x", DataType.INT16, (2, 3), raw, "m", count=6).tolist() == [[0, 1, 2], [3, 4, 5]]

@@ -46,7 +46,7 @@ class InferenceServer:
         """Load the models the control mode asks for; raise when --exit-on-error and any failed."""
         names = self._startup_models()
         errors = self.models.load_many(names)
-        for name, error in errors.items():
+        for error in errors.values():
             log.error("%s", error)
         if errors and self.options.exit_on_error:
             raise Unavailable("failed to load all models: " + ", ".join(sorted(errors)))
@@ -101,8 +101,10 @@ class InferenceServer:
     def model_config(self, name: str, version: int | None) -> dict[str, Any]:
         return config_to_json(self.models.get(name, version).config)
 
-    def model_inputs(self, name: str, version: int | None) -> list[TensorSpec]:
-        return self.models.get(name, version).inputs
+    def model_inputs(self, name: str, version: int | None) -> tuple[list[TensorSpec], int]:
+        """The model's inputs and its max_batch_size (for requests that carry no metadata)."""
+        loaded = self.models.get(name, version)
+        return loaded.inputs, loaded.config.max_batch_size
 
     # -- inference ---------------------------------------------------------------------------
 

@@ -85,9 +85,7 @@ def _split_bytes(buffer: bytes | memoryview, count: int | None, where: str) -> n
     offset = 0
     while offset < end:
         if count is not None and len(items) == count:
-            raise InvalidArgument(
-                f"unexpected number of string elements {count + 1}{where}, expecting {count}"
-            )
+            raise InvalidArgument(f"unexpected number of string elements {count + 1}{where}, expecting {count}")
         if end - offset < 4:
             raise InvalidArgument(f"element byte size indicator exceeds the end of the buffer{where}")
         (length,) = unpack_from(view, offset)
@@ -132,8 +130,7 @@ def tensor_from_raw(
     got = raw.nbytes if isinstance(raw, memoryview) else len(raw)
     if got != expected:
         raise InvalidArgument(
-            f"input byte size mismatch for input '{name}' for model '{model_name}'. "
-            f"Expected {expected}, got {got}"
+            f"input byte size mismatch for input '{name}' for model '{model_name}'. Expected {expected}, got {got}"
         )
     return np.ndarray(shape, dtype, raw)
 

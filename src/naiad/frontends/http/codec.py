@@ -102,9 +102,7 @@ def _header_end(body_length: int, header_length: int | None) -> int:
     if header_length is None:
         return body_length
     if header_length < 0 or header_length > body_length:
-        raise InvalidArgument(
-            f"inference header size should be in range (0, {body_length}), got: {header_length}"
-        )
+        raise InvalidArgument(f"inference header size should be in range (0, {body_length}), got: {header_length}")
     return header_length
 
 
@@ -159,16 +157,11 @@ def _check_request_parameter(key: str, value: Any) -> None:
             raise InvalidArgument(f"Unable to parse '{key}': {_NOT_UINT}")
     elif key.startswith("triton_"):
         raise InvalidArgument(
-            "parameter keys starting with 'triton_' are reserved for Triton usage and should "
-            "not be specified."
+            "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
         )
-    elif not isinstance(value, str | int | float) or (
-        type(value) is int and not _INT64[0] <= value <= _INT64[1]
-    ):
+    elif not isinstance(value, str | int | float) or (type(value) is int and not _INT64[0] <= value <= _INT64[1]):
         # Triton takes strings, bools, int64 and doubles; not null, arrays or objects.
-        raise InvalidArgument(
-            f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
-        )
+        raise InvalidArgument(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
 
 
 def _is_uint(value: Any) -> bool:
@@ -178,9 +171,7 @@ def _is_uint(value: Any) -> bool:
 def _decode_inputs(header: dict[str, Any], body: _Body) -> list[Tensor]:
     items = header.get("inputs", _MISSING)
     if items is _MISSING:
-        raise InvalidArgument(
-            "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'"
-        )
+        raise InvalidArgument("Unable to parse 'inputs': attempt to access non-existing object member 'inputs'")
     if not isinstance(items, list):
         raise InvalidArgument(f"Unable to parse 'inputs': {_NOT_ARRAY}")
     tensors: list[Tensor] = []
@@ -205,9 +196,7 @@ def _input_head(item: dict[str, Any], model_name: str) -> _InputHead:
     datatype_name = _member_str(item, "datatype")
     shape = item.get("shape", _MISSING)
     if shape is _MISSING:
-        raise _input_error(
-            name, "Unable to parse 'shape': attempt to access non-existing object member 'shape'"
-        )
+        raise _input_error(name, "Unable to parse 'shape': attempt to access non-existing object member 'shape'")
     if not isinstance(shape, list):
         raise _input_error(name, f"Unable to parse 'shape': {_NOT_ARRAY}")
     count = 1
@@ -244,9 +233,7 @@ def _check_content_fields(item: dict[str, Any], parameters: dict[str, Any]) -> N
 def _member_str(item: dict[str, Any], member: str) -> str:
     value = item.get(member, _MISSING)
     if value is _MISSING:
-        raise InvalidArgument(
-            f"Unable to parse '{member}': attempt to access non-existing object member '{member}'"
-        )
+        raise InvalidArgument(f"Unable to parse '{member}': attempt to access non-existing object member '{member}'")
     if not isinstance(value, str):
         raise InvalidArgument(f"Unable to parse '{member}': {_NOT_STRING}")
     return value
@@ -259,7 +246,8 @@ def _input_error(name: str, message: str) -> InvalidArgument:
 def _input_data(head: _InputHead, item: dict[str, Any], body: _Body) -> np.ndarray:
     size = head.parameters.get("binary_data_size", _MISSING)
     if size is not _MISSING:
-        return tensor_from_raw(head.name, head.datatype, head.shape, _take(head, size, body), body.model_name)
+        raw = _take(head, size, body)
+        return tensor_from_raw(head.name, head.datatype, head.shape, raw, body.model_name, count=head.count)
     if "shared_memory_region" in head.parameters:
         raise InvalidArgument(
             f"input '{head.name}' is in a shared memory region, but system shared memory is not supported yet"
@@ -333,10 +321,11 @@ def _json_numbers(head: _InputHead, data: list[Any]) -> np.ndarray:
     except ValueError:  # ragged nesting, or deeper than numpy's 64 dims
         array = np.asarray(_flatten(data))
     _check_count(head, array.size)
-    if array.dtype.kind == "f" and head.datatype in _INTS:
+    convert = _CONVERT[head.datatype]
+    if convert is _to_int and array.dtype.kind == "f":
         # numpy turns a mix of int64-only and uint64-only integers into float64; keep them exact.
         array = np.array(_flatten(data), dtype=object)
-    return _CONVERT[head.datatype](head, array.reshape(-1))
+    return convert(head, array if array.ndim == 1 else array.reshape(-1))
 
 
 def _flatten(data: list[Any]) -> list[Any]:
@@ -374,9 +363,7 @@ def _to_int(head: _InputHead, array: np.ndarray) -> np.ndarray:
     info = np.iinfo(target)
     if low < info.min or high > info.max:
         bad = low if low < info.min else high
-        raise _input_error(
-            head.name, f"Unable to parse 'data': value {bad} is out of range for {head.datatype.value}"
-        )
+        raise _input_error(head.name, f"Unable to parse 'data': value {bad} is out of range for {head.datatype.value}")
     return array.astype(target)
 
 
@@ -474,9 +461,7 @@ def _raw_bytes_input(
 ) -> tuple[tuple[int, ...], np.ndarray]:
     """A raw BYTES body is the one element itself, without a length prefix."""
     if -1 in dims or math.prod(dims) != 1:
-        raise InvalidArgument(
-            f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
-        )
+        raise InvalidArgument(f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]")
     shape = (1, *dims) if batching else tuple(dims)
     data = np.empty(1, dtype=object)
     data[0] = bytes(body)
@@ -511,10 +496,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     binary_default = request.outputs is None and request.parameters.get("binary_data_output") is True
     requested = {o.name: o.parameters.get("binary_data") is True for o in request.outputs or ()}
     blobs: list[bytes | memoryview] = []
-    outputs = [
-        _encode_output(tensor, requested.get(tensor.name, binary_default), blobs)
-        for tensor in response.outputs
-    ]
+    outputs = [_encode_output(tensor, requested.get(tensor.name, binary_default), blobs) for tensor in response.outputs]
     document: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id:
         document["id"] = response.id

@@ -73,8 +73,9 @@ async def model_infer(server: InferenceServer, route: Route, body: bytes, header
     model = route.model or ""
     header_length = _header_length(headers)
     if header_length == 0:
-        inputs = server.model_inputs(model, route.version)
-        request = decode_raw_request(body, inputs[0], len(inputs), model, route.version)
+        inputs, max_batch_size = server.model_inputs(model, route.version)
+        request = decode_raw_request(body, inputs[0], len(inputs), model, route.version,
+                                     batching=max_batch_size > 0)
     else:
         request = decode_infer_request(body, header_length, model, route.version)
     response = await server.infer(request)
