@@ -1,7 +1,8 @@
 """KServe V2 HTTP inference codec: JSON bodies plus Triton's binary tensor extension.
 
 Pure functions, no server. Error texts follow Triton's http_server.cc / core where known, so
-clients that match on them keep working; every decode error is an InvalidArgument (400).
+clients that match on them keep working; every decode error is an InvalidArgument (400),
+except a shape dim that is not an unsigned integer, which Triton answers with 500.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, NamedTuple
 import msgspec
 import numpy as np
 
-from naiad.errors import InvalidArgument
+from naiad.errors import InvalidArgument, Status
 from naiad.frontends.tensors import (
     INT64_MAX,
     bf16_to_float32,
@@ -202,7 +203,8 @@ def _input_head(item: dict[str, Any], model_name: str) -> _InputHead:
     count = 1
     for dim in shape:
         if type(dim) is not int or dim < 0:
-            raise _input_error(name, f"Unable to parse 'shape': {_NOT_UINT}")
+            # Triton's JSON reader reports this as INTERNAL (SPEC §1.3: negative dims → 500).
+            raise InvalidArgument(f"Unable to parse 'shape': {_NOT_UINT} for input '{name}'", Status.INTERNAL)
         count *= dim
     datatype = _DATATYPES.get(datatype_name)
     if datatype is None:

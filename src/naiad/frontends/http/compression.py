@@ -24,7 +24,8 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
             continue
         if len(out) > limit or inflater.unconsumed_tail:
             raise InvalidArgument(f"decompressed request body exceeds the maximum of {limit} bytes")
-        return out
+        if inflater.eof:  # a truncated stream inflates without error, but never reaches its end
+            return out
     raise InvalidArgument(f"failed to decompress the request body with '{encoding}'")
 
 
