@@ -30,10 +30,16 @@ TRITON_LIBS = TRITON_SITE / "nvidia_pytriton.libs"
 PA_BIN = BENCH_DIR / "pa-venv/bin/perf_analyzer"
 PA_LIBS = BENCH_DIR / "pa-venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Three 3-second windows; perf_analyzer keeps the last one when all are within 100 % of each other.
+PA_STABILITY = ["--measurement-interval", "3000", "--stability-percentage", "100", "--max-trials", "3"]
 
 
 class BenchError(RuntimeError):
     """A benchmark step failed; the message says which and how to look further."""
+
+
+class UnstableError(BenchError):
+    """perf_analyzer's windows disagreed by more than the stability bound (a noisy machine)."""
 
 
 def ensure_peers() -> None:
@@ -99,13 +105,12 @@ class Server:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BenchError(
-                    f"{self.name} exited with {self.proc.returncode} before it was ready:\n{tail(self.log)}"
-                )
+                code = self.proc.returncode
+                raise BenchError(f"{self.name} exited with {code} before ready ({self.log}):\n{tail(self.log)}")
             if http_get(f"http://{self.url}/v2/health/ready")[0] == 200:
                 return
             time.sleep(0.25)
-        raise BenchError(f"{self.name} not ready after {timeout_s:.0f} s:\n{tail(self.log)}")
+        raise BenchError(f"{self.name} not ready after {timeout_s:.0f} s ({self.log}):\n{tail(self.log)}")
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the server's process group, then SIGKILL it if it lingers."""
@@ -125,9 +130,7 @@ def start_server(name: str, argv: list[str], env: dict[str, str] | None = None) 
     log = LOG_DIR / f"{name}.log"
     port = next(int(a.split("=", 1)[1]) for a in argv if a.startswith("--http-port="))
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
-        )
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
     return Server(name, proc, port, log)
 
 
@@ -198,32 +201,16 @@ def run_perf_analyzer(server: Server, model: str, concurrency: int, extra: list[
     """Drive ``server`` with perf_analyzer over HTTP at one concurrency and cost it in server CPU."""
     out_csv = LOG_DIR / f"{server.name}-c{concurrency}.csv"
     out_csv.unlink(missing_ok=True)
-    argv = [
-        str(PA_BIN),
-        "-m",
-        model,
-        "-u",
-        server.url,
-        "-i",
-        "http",
-        "--concurrency-range",
-        str(concurrency),
-        "--measurement-interval",
-        "3000",
-        "--stability-percentage",
-        "100",
-        "--max-trials",
-        "3",
-        "-f",
-        str(out_csv),
-        *extra,
-    ]
+    argv = [str(PA_BIN), "-m", model, "-u", server.url, "-i", "http"]
+    argv += ["--concurrency-range", str(concurrency), *PA_STABILITY, "-f", str(out_csv), *extra]
     count0 = model_inference_count(server.url, model)
     cpu0, t0 = tree_cpu_seconds(server.proc.pid), time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, env=env_with_libs(PA_LIBS), timeout=300)
     cpu1, t1 = tree_cpu_seconds(server.proc.pid), time.monotonic()
     count1 = model_inference_count(server.url, model)
     (LOG_DIR / f"{server.name}-c{concurrency}.pa.log").write_text(done.stdout + done.stderr)
+    if not out_csv.exists() and "Failed to obtain stable measurement" in done.stdout + done.stderr:
+        raise UnstableError(f"perf_analyzer found no stable measurement of {server.name} at c={concurrency}")
     if not out_csv.exists():
         raise BenchError(
             f"perf_analyzer failed against {server.name} at c={concurrency} "

@@ -38,6 +38,7 @@ from harness import (
     BenchError,
     Measurement,
     Server,
+    UnstableError,
     ensure_peers,
     env_with_libs,
     free_ports,
@@ -125,17 +126,25 @@ def start_naiad() -> Server:
     return start_server("naiad", argv)
 
 
-def measure(name: str, server: Server, concurrencies: list[int], shape: str) -> list[Measurement]:
+def measure_once(server: Server, c: int, shape: str, attempts: int = 3) -> Measurement | None:
+    """One concurrency, retried while perf_analyzer finds no stable window; None if it never does."""
+    for attempt in range(1, attempts + 1):
+        print(f"  {server.name} c={c} (load {os.getloadavg()[0]:.2f}) ...", end="", flush=True)
+        try:
+            m = run_perf_analyzer(server, MODEL, c, ["--shape", shape])
+        except UnstableError:
+            print(f" unstable (attempt {attempt}/{attempts})", flush=True)
+            continue
+        print(f" {m.infer_per_s:,.0f} infer/s", flush=True)
+        return m
+    return None
+
+
+def measure(server: Server, concurrencies: list[int], shape: str) -> list[Measurement]:
     """Wait for ``server`` to be ready, run perf_analyzer at each concurrency, always stop it."""
     try:
         server.wait_ready(timeout_s=120)
-        results = []
-        for c in concurrencies:
-            print(f"  {name} c={c} (load {os.getloadavg()[0]:.2f}) ...", end="", flush=True)
-            m = run_perf_analyzer(server, MODEL, c, ["--shape", shape])
-            print(f" {m.infer_per_s:,.0f} infer/s", flush=True)
-            results.append(m)
-        return results
+        return [m for c in concurrencies if (m := measure_once(server, c, shape))]
     finally:
         server.stop()
 
@@ -162,6 +171,11 @@ def print_table(results: dict[str, list[Measurement]], concurrencies: list[int],
         ratio = n["infer_per_s"] / t["infer_per_s"] if n["infer_per_s"] and t["infer_per_s"] else None
         cells = [str(c), fmt(ratio, ".2f")] + [fmt(side[f]) for f in fields for side in (n, t)]
         print("  ".join(f"{cell:>13}" for cell in cells))
+    for server, ms in results.items():
+        for c in concurrencies:
+            stable = sum(m.concurrency == c for m in ms)
+            if ms and stable < rounds:
+                print(f"note: {server} c={c}: {stable}/{rounds} round(s) gave a stable measurement")
 
 
 def write_json(results: dict[str, list[Measurement]], args: argparse.Namespace) -> Path:
@@ -197,20 +211,20 @@ def main(argv: list[str]) -> int:
     ensure_peers()
     results: dict[str, list[Measurement]] = {"naiad": [], "triton": []}
     failure = None
-    servers = [
-        (n, f) for n, f in (("triton", start_triton), ("naiad", start_naiad)) if args.only in (None, n)
-    ]
+    servers = [(n, f) for n, f in (("triton", start_triton), ("naiad", start_naiad)) if args.only in (None, n)]
+    rounds_run = 0
     for round_no in range(1, args.rounds + 1):
+        rounds_run = round_no
         for name, start in servers:
             print(f"{name} (round {round_no}/{args.rounds}):", flush=True)
             try:
-                results[name] += measure(name, start(), args.concurrency, args.shape)
+                results[name] += measure(start(), args.concurrency, args.shape)
             except (BenchError, OSError) as err:
                 failure = f"{name} failed: {err}"
                 print(f"\n{failure}", file=sys.stderr)
         if failure:
             break
-    print_table(results, args.concurrency, args.rounds)
+    print_table(results, args.concurrency, rounds_run)
     print(f"\nresults: {write_json(results, args)}")
     return 1 if failure else 0
 
