@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -157,10 +158,16 @@ def _serve(args: argparse.Namespace, options: ServerOptions) -> int:
                                args.log_verbose, args.log_format)
     try:
         import uvloop
-
-        return uvloop.run(run(options, log_settings))
     except ImportError:
-        return asyncio.run(run(options, log_settings))
+        code = asyncio.run(run(options, log_settings))
+    else:
+        code = uvloop.run(run(options, log_settings))
+    # Skip interpreter teardown: after an exit timeout an instance thread may still be inside a
+    # framework's C++ code, and finalizing under it aborts the process instead of exiting.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

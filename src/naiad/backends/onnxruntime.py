@@ -95,6 +95,7 @@ class OnnxRuntimeInstance(ModelInstance):
         if missing:
             raise Unavailable(f"execution provider(s) {missing} are not available in this onnxruntime build")
         self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        _check_config_matches(config, self.session)
         self.input_types = {i.name: i.type for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.model_shapes = {i.name: tuple(i.reshape.shape) for i in config.input if i.HasField("reshape")}
@@ -128,7 +129,10 @@ class OnnxRuntimeInstance(ModelInstance):
         return providers
 
     def execute(self, batch: Batch) -> list[RequestResult]:
-        feeds = {name: self._feed(name, array) for name, array in batch.inputs().items()}
+        try:
+            feeds = {name: self._feed(name, array) for name, array in batch.inputs().items()}
+        except InvalidArgument as error:  # bad request data, not a broken instance
+            return [error] * len(batch.requests)
         if any(isinstance(v, ort.OrtValue) for v in feeds.values()):
             outputs = self._run_ort_values(feeds)
         else:
@@ -142,7 +146,7 @@ class OnnxRuntimeInstance(ModelInstance):
             array = array.reshape((array.shape[0], *shape) if array.ndim > len(shape) else shape)
         kind = self.input_types.get(name)
         if kind == "tensor(string)":
-            return np.array([_to_str(b) for b in array.reshape(-1)], dtype=object).reshape(array.shape)
+            return np.array([_to_str(name, b) for b in array.reshape(-1)], dtype=object).reshape(array.shape)
         if kind == "tensor(bfloat16)":
             return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
                 np.ascontiguousarray(array), _ONNX_BFLOAT16
@@ -158,8 +162,35 @@ class OnnxRuntimeInstance(ModelInstance):
         return {n: _ortvalue_to_numpy(v) for n, v in zip(self.output_names, results, strict=True)}
 
 
-def _to_str(value: Any) -> str:
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+def _check_config_matches(config: mc.ModelConfig, session: ort.InferenceSession) -> None:
+    """Fail the load, as Triton does, when the config names tensors or types the model lacks."""
+    for kind, listed, nodes in (("input", config.input, session.get_inputs()),
+                                ("output", config.output, session.get_outputs())):
+        provided = {node.name: _ORT_TYPES.get(node.type) for node in nodes}
+        for tensor in listed:
+            if tensor.name not in provided:
+                allowed = ", ".join(provided)
+                raise InvalidArgument(f"unexpected inference {kind} '{tensor.name}', allowed {kind}s are: {allowed}")
+            expected = mc.DataType.Name(tensor.data_type)
+            actual = provided[tensor.name]
+            if actual is not None and actual.config_name != expected:
+                raise InvalidArgument(
+                    f"unable to load model '{config.name}', configuration expects datatype {expected} for "
+                    f"{kind} '{tensor.name}', model provides {actual.config_name}"
+                )
+
+
+def _to_str(name: str, value: Any) -> str:
+    if not isinstance(value, bytes):
+        return str(value)
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        # onnxruntime's Python API only builds string tensors from valid UTF-8.
+        raise InvalidArgument(
+            f"input '{name}' holds BYTES that are not valid UTF-8, which the onnxruntime backend "
+            "cannot pass to a string tensor"
+        ) from None
 
 
 def _from_ort(array: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,8 +268,10 @@ class ModelManager:
                 self._records.pop(name, None)
 
     def stop_all(self, timeout: float) -> None:
+        """Unload everything; `timeout` bounds the whole shutdown, not each model."""
+        deadline = time.monotonic() + timeout
         for name in list(self._records):
-            self.unload(name, timeout)
+            self.unload(name, max(deadline - time.monotonic(), 0.0))
 
     # -- index and readiness -----------------------------------------------------------------
 

@@ -82,12 +82,15 @@ class LoadedVersion:
     def stop(self, timeout: float | None = None) -> None:
         """Wait for in-flight requests (up to `timeout` seconds), then release everything."""
         with self._idle:
-            if not self._idle.wait_for(lambda: self._inflight == 0, timeout):
-                log.warning("model '%s' version %d unloads with %d requests in flight",
-                            self.name, self.version, self._inflight)
+            drained = self._idle.wait_for(lambda: self._inflight == 0, timeout)
         if self._scheduler is not None:
-            self._scheduler.stop()
+            self._scheduler.stop(wait=drained)
             self._scheduler = None
+        if not drained:
+            # A busy instance can't be closed under its own thread: leave it to finish and exit.
+            log.warning("model '%s' version %d unloaded with %d requests still running",
+                        self.name, self.version, self._inflight)
+            return
         self._close_instances()
         self.model.close()
 

@@ -41,11 +41,13 @@ class ResponseBuilder:
     def _tensor(self, requested: RequestedOutput, array: np.ndarray) -> Tensor:
         spec = self.outputs[requested.name]
         array = self._client_shape(spec, array)
+        # The requested output's parameters are instructions, not output parameters: Triton
+        # answers with none of them (only binary_data_size, which the frontend adds).
         class_count = requested.parameters.get("classification")
         if class_count:
             array = self._classify(spec, array, int(class_count))
-            return Tensor(spec.name, DataType.BYTES, array.shape, array, dict(requested.parameters))
-        return Tensor(spec.name, spec.datatype, array.shape, array, dict(requested.parameters))
+            return Tensor(spec.name, DataType.BYTES, array.shape, array)
+        return Tensor(spec.name, spec.datatype, array.shape, array)
 
     def _client_shape(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
         # A config `reshape` means the model's shape differs from the one clients see.

@@ -62,9 +62,10 @@ class InferenceServer:
             return sorted(found.models)
         return list(self.options.load_models)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """Unload every model, waiting at most `timeout` seconds (--exit-timeout-secs by default)."""
         self.stopping = True
-        self.models.stop_all(self.options.exit_timeout_secs)
+        self.models.stop_all(self.options.exit_timeout_secs if timeout is None else timeout)
 
     # -- health and metadata -----------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from naiad.errors import InvalidArgument
 from naiad.types import InferRequest, TensorSpec
 
 _BATCH_NOTE = (
-    " NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
     "prepended to each input shape. If you want to specify the full shape including the batch dim in "
     "your input dims config, try setting max_batch_size to zero. See the model configuration docs for "
     "more info on max_batch_size."
@@ -72,18 +72,18 @@ class RequestValidator:
             note = _BATCH_NOTE if self.max_batch_size > 0 else ""
             raise InvalidArgument(
                 f"unexpected shape for input '{name}' for model '{self.model_name}'. "
-                f"Expected {_dims(spec.shape)}, got {_dims(shape)}.{note}"
+                f"Expected {_dims(spec.shape)}, got {_dims(shape)}. {note}"  # Triton keeps the space
             )
 
     def _check_batch(self, request: InferRequest) -> None:
         if self.max_batch_size <= 0 or not request.inputs:
             return
-        sizes = {t.shape[0] for t in request.inputs}
-        if len(sizes) > 1:
-            raise InvalidArgument(
-                f"inputs of model '{self.model_name}' must have the same batch size, got {sorted(sizes)}"
-            )
-        size = sizes.pop()
+        size = request.inputs[0].shape[0]
+        for tensor in request.inputs[1:]:
+            if tensor.shape[0] != size:
+                raise InvalidArgument(
+                    f"input '{tensor.name}' batch size does not match other inputs for '{self.model_name}'"
+                )
         if size < 1:
             raise InvalidArgument(f"inference request batch-size must be >= 1 for '{self.model_name}'")
         if size > self.max_batch_size:

@@ -39,21 +39,24 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
     if options.allow_http:
         await http.start()
     poller = asyncio.create_task(_poll(server)) if options.model_control_mode == "poll" else None
+    drained = False
     try:
-        await _wait_for_stop(server, options.exit_timeout_secs)
+        drained = await _wait_for_stop(server, options.exit_timeout_secs)
     finally:
         if poller is not None:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
         await http.stop()
-        await loop.run_in_executor(None, server.stop)
+        if not drained:
+            log.warning("Exit timeout expired. Exiting immediately.")
+        await loop.run_in_executor(None, server.stop, options.exit_timeout_secs if drained else 0.0)
     log.info("exiting")
-    return 0
+    return 0 if drained else 1
 
 
-async def _wait_for_stop(server: InferenceServer, drain_secs: float) -> None:
-    """Return once a stop signal came and in-flight inferences drained (or the time is up)."""
+async def _wait_for_stop(server: InferenceServer, drain_secs: float) -> bool:
+    """Wait for a stop signal, then for in-flight inferences; False when they did not drain in time."""
     loop = asyncio.get_running_loop()
     signals = asyncio.Queue[int]()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -65,6 +68,7 @@ async def _wait_for_stop(server: InferenceServer, drain_secs: float) -> None:
         deadline = time.monotonic() + drain_secs
         while server.inflight > 0 and time.monotonic() < deadline and signals.empty():
             await asyncio.sleep(_DRAIN_TICK_SECS)
+        return server.inflight == 0
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

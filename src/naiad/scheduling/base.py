@@ -40,8 +40,8 @@ class Scheduler(ABC):
         """Queue a job; never blocks on execution."""
 
     @abstractmethod
-    def stop(self) -> None:
-        """Stop after the queued jobs have run; returns when every runner thread has exited."""
+    def stop(self, wait: bool = True) -> None:
+        """Stop after the queued jobs have run; with `wait`, return once every runner thread exited."""
 
     @abstractmethod
     def pending(self) -> int:

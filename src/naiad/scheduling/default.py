@@ -33,11 +33,12 @@ class DefaultScheduler(Scheduler):
     def pending(self) -> int:
         return self._queue.qsize()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         for _ in self._threads:
             self._queue.put(None)
-        for thread in self._threads:
-            thread.join()
+        if wait:
+            for thread in self._threads:
+                thread.join()
         self._threads.clear()
 
     def _loop(self, runner: Runner) -> None:

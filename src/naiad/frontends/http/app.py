@@ -13,7 +13,7 @@ from naiad.errors import NaiadError
 from naiad.frontends.http import handlers
 from naiad.frontends.http.compression import choose_encoding, compress, decompress
 from naiad.frontends.http.reply import Reply, error_reply
-from naiad.frontends.http.routes import match
+from naiad.frontends.http.routes import Route, match
 
 log = logging.getLogger(__name__)
 
@@ -29,24 +29,28 @@ class HttpApp:
     async def dispatch(self, method: str, path: str, headers: Headers,
                        body: bytes) -> tuple[Reply, list[tuple[bytes, bytes]]]:
         """Answer one request; returns the reply and any extra response headers."""
+        route = match(path)
         try:
-            reply = await self._handle(method, path, headers, body)
+            reply = await self._handle(method, route, headers, body)
         except NaiadError as error:
             reply = error_reply(error)
         except Exception:
             log.exception("unhandled error for %s %s", method, path)
             reply = Reply(500, b'{"error":"internal server error"}')
+        # Like Triton, compress successful inference responses only: tritonclient.http.aio asks
+        # for gzip on every call (aiohttp's default) but inflates nothing else.
+        if reply.status != 200 or route is None or route.action != "model_infer":
+            return reply, []
         return self._compress(reply, headers)
 
-    async def _handle(self, method: str, path: str, headers: Headers, body: bytes) -> Reply:
-        route = match(path)
+    async def _handle(self, method: str, route: Route | None, headers: Headers, body: bytes) -> Reply:
         if route is None:
-            return Reply(404, b'{"error":"Not Found"}')
+            return _not_found()
         handler = handlers.HANDLERS.get((route.action, method))
         if handler is None:
             if route.action in _ACTIONS:
                 return Reply(405, b'{"error":"Method Not Allowed"}')
-            return Reply(404, b'{"error":"Not Found"}')
+            return _not_found()
         encoding = headers.get(b"content-encoding")
         if encoding and body:
             body = decompress(body, encoding.decode("latin-1"), self.max_input_size)
@@ -60,3 +64,7 @@ class HttpApp:
             return reply, []
         reply.body = compress(reply.body, encoding)
         return reply, [(b"content-encoding", encoding.encode())]
+
+
+def _not_found() -> Reply:
+    return Reply(404, b'{"error":"Not Found"}', b"text/plain")  # Triton sends this body as text/plain (SPEC §0)

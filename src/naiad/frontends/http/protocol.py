@@ -112,6 +112,12 @@ class HttpProtocol(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.current.headers[name.lower()] = value
 
+    def on_headers_complete(self) -> None:
+        # Clients that send `Expect: 100-continue` (curl, for bodies over 1 MiB) wait for this
+        # before sending the body.
+        if self.current.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
     def on_body(self, body: bytes) -> None:
         request = self.current
         self.size += len(body)
