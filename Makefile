@@ -27,7 +27,7 @@ examples: install
 serve: examples
 	$(BIN)/naiad serve --model-repository $(REPO) --http-port $(PORT)
 
-test: examples
+test: examples lint
 	$(BIN)/pytest -q
 
 lint: install
