@@ -7,7 +7,6 @@ shaped for one case each. `infer_server` serves it, one server for all the modul
 
 from __future__ import annotations
 
-import http.client
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 from conftest import ServerProcess
 from onnx import TensorProto
 
+from e2e.raw_http import Answer, post
 from e2e.repo_builder import write_model
 
 #: V2 datatype name → ONNX element type of its identity model.
@@ -154,37 +154,6 @@ def sample(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------- raw HTTP
-
-
-class Answer:
-    """One HTTP response: status, lower-cased headers, body."""
-
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self.status = status
-        self.headers = headers
-        self.body = body
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def error(self) -> str:
-        assert self.headers.get("content-type") == "application/json", self.headers
-        document = self.json()
-        assert list(document) == ["error"], document
-        return str(document["error"])
-
-
-def post(url: str, path: str, body: bytes, headers: dict[str, str] | None = None,
-         timeout: float = 10.0) -> Answer:
-    """POST `body` as-is (Content-Length set, no other header unless given)."""
-    host, port = url.rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    try:
-        connection.request("POST", path, body=body, headers=headers or {})
-        response = connection.getresponse()
-        return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
-    finally:
-        connection.close()
 
 
 def infer_path(model: str, version: int | None = None) -> str:

@@ -3,12 +3,9 @@ and repository edits that a polling server never sees half-done."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,34 +14,8 @@ import build_models
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from e2e.raw_http import post_json
 from e2e.repo_builder import write_model
-
-
-class Http:
-    """An answer from the server: status, lower-cased headers and body."""
-
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self.status = status
-        self.headers = headers
-        self.body = body
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def http(url: str, path: str, method: str = "GET", body: bytes | None = None,
-         headers: dict[str, str] | None = None, timeout: float = 10.0) -> Http:
-    """One plain HTTP request to `url` ("host:port"); HTTP errors come back as answers, not raised."""
-    request = urllib.request.Request(f"http://{url}{path}", data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return Http(response.status, {k.lower(): v for k, v in response.headers.items()}, response.read())
-    except urllib.error.HTTPError as error:
-        return Http(error.code, {k.lower(): v for k, v in error.headers.items()}, error.read())
-
-
-def post_json(url: str, path: str, document: Any) -> Http:
-    return http(url, path, "POST", json.dumps(document).encode(), {"Content-Type": "application/json"})
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:

@@ -12,15 +12,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
-from e2e.infer_models import (
-    MAX_INPUT_SIZE,
-    assert_serves,
-    fp32_request,
-    infer_path,
-    post,
-    post_infer,
-)
+from e2e.infer_models import MAX_INPUT_SIZE, assert_serves, fp32_request, infer_path, post_infer
 from e2e.infer_models import infer_server as infer_server  # the fixture
+from e2e.raw_http import post
 
 pytestmark = pytest.mark.e2e
 

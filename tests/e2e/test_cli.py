@@ -15,7 +15,8 @@ from conftest import ROOT
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from e2e.lifecycle_util import http, index_by_name
+from e2e.lifecycle_util import index_by_name
+from e2e.raw_http import http
 from e2e.repo_builder import write_model
 from naiad.cli import build_parser, main, options_from_args
 from naiad.config.options import ServerOptions

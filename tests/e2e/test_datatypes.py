@@ -11,14 +11,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from e2e.infer_models import (
-    DATATYPES,
-    assert_serves,
-    identity_name,
-    post_infer,
-    sample,
-    split_binary,
-)
+from e2e.infer_models import DATATYPES, assert_serves, identity_name, post_infer, sample, split_binary
 from e2e.infer_models import infer_server as infer_server  # the fixture
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from e2e.lifecycle_util import http, post_json
+from e2e.raw_http import http, post_json
 
 pytestmark = pytest.mark.e2e
 

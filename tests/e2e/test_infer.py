@@ -16,15 +16,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from e2e.infer_models import (
-    assert_serves,
-    fp32_request,
-    infer_path,
-    post,
-    post_infer,
-    split_binary,
-)
+from e2e.infer_models import assert_serves, fp32_request, infer_path, post_infer, split_binary
 from e2e.infer_models import infer_server as infer_server  # the fixture
+from e2e.raw_http import post
 
 pytestmark = pytest.mark.e2e
 

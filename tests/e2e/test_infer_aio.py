@@ -13,12 +13,7 @@ import pytest
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from e2e.infer_models import (
-    DATATYPES,
-    assert_serves,
-    identity_name,
-    sample,
-)
+from e2e.infer_models import DATATYPES, assert_serves, identity_name, sample
 from e2e.infer_models import infer_server as infer_server  # the fixture
 
 pytestmark = pytest.mark.e2e

@@ -25,7 +25,6 @@ from e2e.lifecycle_util import (
     add_model,
     add_version,
     broken,
-    http,
     index_by_name,
     remove_model,
     replace_file,
@@ -35,6 +34,7 @@ from e2e.lifecycle_util import (
     wait_for,
     write_text_atomic,
 )
+from e2e.raw_http import http
 from e2e.repo_builder import write_model
 
 pytestmark = pytest.mark.e2e

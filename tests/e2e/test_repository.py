@@ -17,15 +17,8 @@ import tritonclient.http as httpclient
 from conftest import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
-from e2e.lifecycle_util import (
-    broken,
-    http,
-    index_by_name,
-    post_json,
-    replace_file,
-    tagged,
-    tagged_config,
-)
+from e2e.lifecycle_util import broken, index_by_name, replace_file, tagged, tagged_config
+from e2e.raw_http import http, post_json
 from e2e.repo_builder import write_model
 
 pytestmark = pytest.mark.e2e
