@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 import threading
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from naiad.errors import InvalidArgument
@@ -23,9 +23,12 @@ class TritonFormatter(logging.Formatter):
         self.iso8601 = iso8601
 
     def format(self, record: logging.LogRecord) -> str:
-        when = datetime.fromtimestamp(record.created)
         letter = _LEVEL_LETTERS.get(record.levelno, "I")
-        stamp = when.isoformat() + "Z " + letter if self.iso8601 else letter + when.strftime("%m%d %H:%M:%S.%f")
+        if self.iso8601:
+            when = datetime.fromtimestamp(record.created, tz=UTC)
+            stamp = when.strftime("%Y-%m-%dT%H:%M:%S.%fZ ") + letter
+        else:
+            stamp = letter + datetime.fromtimestamp(record.created).strftime("%m%d %H:%M:%S.%f")
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
