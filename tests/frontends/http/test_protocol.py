@@ -1,0 +1,95 @@
+"""HttpProtocol driven in-process with a fake transport: framing, ordering, limits."""
+
+import asyncio
+
+from naiad.frontends.http.protocol import Connections, HttpProtocol
+from naiad.frontends.http.reply import Reply
+
+
+class FakeTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.data = b""
+        self.writes = 0
+        self.closed = False
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+        self.writes += 1
+
+    def writelines(self, chunks) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+def _run(requests: bytes, dispatch, max_body: int = 1 << 20) -> FakeTransport:
+    async def main() -> FakeTransport:
+        transport = FakeTransport()
+        protocol = HttpProtocol(dispatch, max_body, Connections())
+        protocol.connection_made(transport)
+        protocol.data_received(requests)
+        for _ in range(50):
+            await asyncio.sleep(0.001)
+        return transport
+
+    return asyncio.run(main())
+
+
+async def _echo_path(method, path, headers, body):
+    await asyncio.sleep(0.005 if path == "/slow" else 0)
+    return Reply(200, f"{method} {path} {len(body)}".encode(), b"text/plain"), []
+
+
+def test_pipelined_requests_answer_in_order_even_when_the_first_is_slow():
+    transport = _run(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", _echo_path)
+    first = transport.data.index(b"GET /slow 0")
+    assert first < transport.data.index(b"POST /fast 3")
+    assert transport.data.count(b"HTTP/1.1 200 OK\r\n") == 2
+    assert not transport.closed and not transport.paused
+
+
+def test_one_write_holds_status_headers_and_body():
+    transport = _run(b"GET /a%2Fb HTTP/1.1\r\nHost: x\r\n\r\n", _echo_path)
+    assert transport.data == b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 10\r\n\r\nGET /a/b 0"
+    assert transport.writes == 1
+
+
+def test_body_over_the_limit_is_refused_and_the_connection_closed():
+    transport = _run(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n" + b"a" * 20, _echo_path, max_body=10)
+    assert transport.data.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert b"exceeds the maximum allowed value of 10 bytes" in transport.data
+    assert b"connection: close" in transport.data and transport.closed
+
+
+def test_malformed_request_gets_400_and_close():
+    transport = _run(b"NOT HTTP AT ALL\r\n\r\n", _echo_path)
+    assert transport.data.startswith(b"HTTP/1.1 400 Bad Request\r\n") and transport.closed
+
+
+def test_connection_close_is_honoured():
+    transport = _run(b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", _echo_path)
+    assert b"connection: close\r\n" in transport.data and transport.closed
+
+
+def test_expect_100_continue_is_answered_before_the_body():
+    transport = _run(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\nhi", _echo_path)
+    assert transport.data.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
+
+
+def test_a_dispatch_crash_is_a_500_and_the_connection_survives():
+    async def crash(method, path, headers, body):
+        raise RuntimeError("bug")
+
+    transport = _run(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n", crash)
+    assert transport.data.startswith(b"HTTP/1.1 500 Internal Server Error\r\n") and not transport.closed
