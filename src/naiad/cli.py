@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from naiad.config.options import ServerOptions
+from naiad.config.options import GrpcOptions, ServerOptions
 
 log = logging.getLogger("naiad.cli")
 
@@ -53,9 +53,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024)
-    _add_bool(p, "--allow-grpc", True, "serve gRPC (not built yet: accepted for compatibility)")
+    p.add_argument("--http-header-forward-pattern", default="",
+                   help="regex: matching HTTP headers become request parameters")
+    _add_bool(p, "--allow-grpc", True, "serve gRPC")
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
+    _grpc_flags(p)
+    _add_bool(p, "--allow-client-shm", False, "let clients register system shared memory regions")
     _add_bool(p, "--allow-metrics", True, "serve metrics (not built yet: accepted for compatibility)")
     p.add_argument("--metrics-address", default=None)
     p.add_argument("--metrics-port", type=int, default=8002)
@@ -66,6 +70,46 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _add_bool(p, "--log-error", True, "log errors")
     p.add_argument("--log-format", choices=["default", "ISO8601"], default="default")
     p.add_argument("--log-file", default="")
+
+
+def _grpc_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--grpc-keepalive-time", type=int, default=7_200_000, help="ms")
+    p.add_argument("--grpc-keepalive-timeout", type=int, default=20_000, help="ms")
+    _add_bool(p, "--grpc-keepalive-permit-without-calls", False, "allow keepalive pings with no call open")
+    p.add_argument("--grpc-http2-max-pings-without-data", type=int, default=2)
+    p.add_argument("--grpc-http2-min-recv-ping-interval-without-data", type=int, default=300_000, help="ms")
+    p.add_argument("--grpc-http2-max-ping-strikes", type=int, default=2)
+    p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, each direction")
+    _add_bool(p, "--grpc-use-ssl", False, "serve gRPC over TLS")
+    _add_bool(p, "--grpc-use-ssl-mutual", False, "require client certificates (implies --grpc-use-ssl)")
+    p.add_argument("--grpc-server-cert", default="")
+    p.add_argument("--grpc-server-key", default="")
+    p.add_argument("--grpc-root-cert", default="")
+    p.add_argument("--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"],
+                   default="none")
+    p.add_argument("--grpc-header-forward-pattern", default="",
+                   help="regex: matching gRPC metadata keys become request parameters")
+    p.add_argument("--grpc-infer-thread-count", type=int, default=2)
+
+
+def _grpc_options(args: argparse.Namespace) -> GrpcOptions:
+    return GrpcOptions(
+        keepalive_time_ms=args.grpc_keepalive_time,
+        keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
+        http2_min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
+        http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        max_message_size=args.grpc_max_message_size,
+        use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
+        use_ssl_mutual=args.grpc_use_ssl_mutual,
+        server_cert=args.grpc_server_cert,
+        server_key=args.grpc_server_key,
+        root_cert=args.grpc_root_cert,
+        response_compression_level=args.grpc_infer_response_compression_level,
+        header_forward_pattern=args.grpc_header_forward_pattern,
+        infer_thread_count=args.grpc_infer_thread_count,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,9 +147,12 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         http_address=args.http_address,
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
+        http_header_forward_pattern=args.http_header_forward_pattern,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
+        grpc=_grpc_options(args),
+        allow_client_shm=args.allow_client_shm,
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,

@@ -123,7 +123,11 @@ class InferRequest:
 
 @dataclass(slots=True)
 class InferResponse:
-    """The answer to one request: outputs, or an error (then `outputs` is empty)."""
+    """The answer to one request: outputs, or an error (then `outputs` is empty).
+
+    A decoupled model answers with zero or more responses; the last one has `final` set and may
+    carry no outputs at all (an "empty final response"). Other models answer exactly once.
+    """
 
     model_name: str
     model_version: str
@@ -131,6 +135,7 @@ class InferResponse:
     outputs: list[Tensor] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
     error: Exception | None = None
+    final: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,7 +104,20 @@ def build_repository(repo: Path) -> Path:
     # Two variable dims: a raw request cannot deduce the shape.
     write_model(repo, "fp32_2d", _identity_config("FP32", 0, "[ -1, -1 ]"),
                 {1: _identity_writer(TensorProto.FLOAT, True)})
+    # A decoupled model (the repeat backend needs no model file).
+    write_model(repo, "repeat_int32", REPEAT_CONFIG, {1: lambda path: None})
     return repo
+
+
+REPEAT_CONFIG = """
+name: "repeat_int32"
+backend: "repeat"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
+        { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] optional: true } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+"""
 
 
 #: The shared server's --http-max-input-size: small, so an oversized body is cheap to send.

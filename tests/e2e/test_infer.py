@@ -429,3 +429,11 @@ def test_expect_100_continue_is_answered(infer_server: Any) -> None:
         sock.sendall(document)
         head, body = _read_response(sock)
     assert head.startswith(b"HTTP/1.1 200 ") and json.loads(body)["outputs"][0]["data"] == [1.0, 2.0, 3.0]
+
+
+def test_http_infer_refuses_a_decoupled_model_with_501(infer_server: Any) -> None:
+    request = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [2], "data": [1, 2]}]}
+    answer = post_infer(infer_server.url, "repeat_int32", request)
+    assert answer.status == 501
+    assert answer.error() == "HTTP end point doesn't support models with decoupled transaction policy"
+    assert_serves(infer_server.url)

@@ -10,7 +10,7 @@ instance itself is broken: every request in the batch fails.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,8 @@ from naiad.types import InferRequest
 
 Outputs = dict[str, np.ndarray]
 RequestResult = Outputs | Exception
+#: send(request index in the batch, outputs / error / None for a flags-only response, final)
+ResponseSender = Callable[[int, Outputs | Exception | None, bool], None]
 
 
 class Batch:
@@ -76,6 +78,12 @@ class ModelInstance(ABC):
     @abstractmethod
     def execute(self, batch: Batch) -> list[RequestResult]:
         """Run the batch; return one result per request, in order."""
+
+    def execute_decoupled(self, batch: Batch, send: ResponseSender) -> None:
+        """Decoupled models (model_transaction_policy.decoupled) answer through `send`: any number
+        of responses per request, the last one with final=True. A request left without its final
+        response when this returns is closed with an empty final response."""
+        raise NotImplementedError(f"{type(self).__name__} does not support decoupled models")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds."""

@@ -9,6 +9,7 @@ from naiad.errors import InvalidArgument
 
 _BACKENDS: dict[str, str] = {
     "onnxruntime": "naiad.backends.onnxruntime:OnnxRuntimeModel",
+    "repeat": "naiad.backends.repeat:RepeatModel",
 }
 
 

@@ -7,6 +7,27 @@ from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
+class GrpcOptions:
+    """The gRPC frontend's flags (tritonserver's names, defaults and units)."""
+
+    keepalive_time_ms: int = 7_200_000
+    keepalive_timeout_ms: int = 20_000
+    keepalive_permit_without_calls: bool = False
+    http2_max_pings_without_data: int = 2
+    http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    http2_max_ping_strikes: int = 2
+    max_message_size: int = 2**31 - 1
+    use_ssl: bool = False
+    use_ssl_mutual: bool = False
+    server_cert: str = ""
+    server_key: str = ""
+    root_cert: str = ""
+    response_compression_level: str = "none"  # none | low | medium | high
+    header_forward_pattern: str = ""
+    infer_thread_count: int = 2
+
+
+@dataclass(frozen=True, slots=True)
 class ServerOptions:
     model_repositories: tuple[Path, ...]
     model_control_mode: str = "none"  # none | poll | explicit
@@ -23,9 +44,12 @@ class ServerOptions:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
+    http_header_forward_pattern: str = ""
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    grpc: GrpcOptions = field(default_factory=GrpcOptions)
+    allow_client_shm: bool = False
     allow_metrics: bool = True
     metrics_address: str | None = None
     metrics_port: int = 8002

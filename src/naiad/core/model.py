@@ -11,7 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import Model, ModelInstance
 from naiad.config.model_config import tensor_specs
 from naiad.core.responses import ResponseBuilder
-from naiad.core.runner import InstanceRunner
+from naiad.core.runner import DecoupledRunner, InstanceRunner
 from naiad.core.validation import RequestValidator
 from naiad.core.warmup import run_warmup
 from naiad.observability.statistics import ModelStatistics
@@ -33,6 +33,7 @@ class LoadedVersion:
         self.model_dir = model_dir
         self.inputs, self.outputs = tensor_specs(config)
         self.batched = config.max_batch_size > 0
+        self.decoupled = config.model_transaction_policy.decoupled
         self.validator = RequestValidator(name, config.max_batch_size, self.inputs, self.outputs)
         self.builder = ResponseBuilder(name, str(version), self.outputs, self.batched, _labels(config, model_dir))
         self.stats = ModelStatistics(name, str(version))
@@ -53,9 +54,8 @@ class LoadedVersion:
         except BaseException:
             self._close_instances()
             raise
-        runners = [
-            InstanceRunner(i, self.builder, self.stats, self.batched, self.release) for i in self._instances
-        ]
+        runner = DecoupledRunner if self.decoupled else InstanceRunner
+        runners = [runner(i, self.builder, self.stats, self.batched, self.release) for i in self._instances]
         self._scheduler = DefaultScheduler(runners, name=f"{self.name}-{self.version}")
         self._scheduler.start()
 

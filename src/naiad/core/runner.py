@@ -66,3 +66,39 @@ class InstanceRunner:
 
 def _internal(error: Exception) -> NaiadError:
     return error if isinstance(error, NaiadError) else InternalError(str(error) or type(error).__name__)
+
+
+class DecoupledRunner(InstanceRunner):
+    """Runs decoupled models: responses go to each job's sink as the backend sends them."""
+
+    def __call__(self, jobs: list[Job]) -> None:
+        start = time.monotonic_ns()
+        batch = Batch([job.request for job in jobs], self.batched)
+        open_jobs = set(range(len(jobs)))
+
+        def send(index: int, result: object, final: bool) -> None:
+            if index not in open_jobs:
+                raise InternalError(f"response sent for request {index} after its final response")
+            job = jobs[index]
+            if result is None:
+                response = InferResponse(self.builder.model_name, self.builder.version, job.request.id)
+            else:
+                response = self._response(job, result)
+            response.final = final
+            if final:
+                open_jobs.discard(index)
+                now = time.monotonic_ns()
+                self.stats.record_request(response.error is None, now - job.enqueued_ns,
+                                          start - job.enqueued_ns, (0, now - start, 0))
+                self.on_done(1)
+            job.sink(response)
+
+        error: Exception | None = None
+        try:
+            self.instance.execute_decoupled(batch, send)
+        except Exception as raised:  # the instance failed: every open request fails
+            log.exception("model '%s' failed to execute", self.builder.model_name)
+            error = _internal(raised)
+        self.stats.record_execution(batch.size, 0, time.monotonic_ns() - start, 0)
+        for index in sorted(open_jobs):
+            send(index, error, True)

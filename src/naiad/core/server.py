@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -13,11 +14,14 @@ from naiad.config.model_config import config_from_json, config_to_json
 from naiad.config.options import ServerOptions
 from naiad.core.lifecycle import ModelManager
 from naiad.core.model import LoadedVersion
-from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable
+from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable, Unsupported
 from naiad.observability.logs import LogSettings
+from naiad.scheduling.base import Sink
 from naiad.types import InferRequest, InferResponse, TensorSpec
 
 log = logging.getLogger(__name__)
+
+DECOUPLED_ERROR = "this endpoint doesn't support models with decoupled transaction policy"
 
 EXTENSIONS = [
     "classification",
@@ -109,30 +113,57 @@ class InferenceServer:
 
     # -- inference ---------------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Run one request; errors before queueing raise, errors after come back in the response."""
+    async def infer(self, request: InferRequest, decoupled_error: str = DECOUPLED_ERROR) -> InferResponse:
+        """Run one request for exactly one response; errors before queueing raise, errors after
+        come back in the response. Decoupled models are refused with `decoupled_error` (each
+        frontend words it its own way)."""
         self.inflight += 1
         try:
-            return await self._infer(request)
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[InferResponse] = loop.create_future()
+
+            def sink(response: InferResponse) -> None:
+                loop.call_soon_threadsafe(_resolve, future, response)
+
+            self._submit(request, sink, decoupled_error)
+            return await future
         finally:
             self.inflight -= 1
 
-    async def _infer(self, request: InferRequest) -> InferResponse:
-        loaded = self.models.acquire(request.model_name, request.model_version)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[InferResponse] = loop.create_future()
-
-        def sink(response: InferResponse) -> None:
-            loop.call_soon_threadsafe(_resolve, future, response)
-
+    async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Every response to one request, for decoupled models and others alike; the last has
+        `final` set. Errors before queueing raise before the first response."""
+        self.inflight += 1
         try:
+            loop = asyncio.get_running_loop()
+            queue: asyncio.Queue[InferResponse] = asyncio.Queue()
+
+            def sink(response: InferResponse) -> None:
+                loop.call_soon_threadsafe(queue.put_nowait, response)
+
+            self._submit(request, sink, None)
+            while True:
+                response = await queue.get()
+                yield response
+                if response.final:
+                    return
+        finally:
+            self.inflight -= 1
+
+    def is_decoupled(self, name: str, version: int | None) -> bool:
+        return self.models.get(name, version).decoupled
+
+    def _submit(self, request: InferRequest, sink: Sink, decoupled_error: str | None) -> None:
+        loaded = self.models.acquire(request.model_name, request.model_version)
+        try:
+            if decoupled_error is not None and loaded.decoupled:
+                raise Unsupported(decoupled_error)
             loaded.submit(request, sink)
         except BaseException as error:
             loaded.release()
             if isinstance(error, NaiadError):
                 loaded.stats.record_failure(0)
             raise
-        return await future
 
     # -- repository --------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from naiad.frontends.http.reply import Reply, json_reply
 from naiad.frontends.http.routes import Route
 
 Headers = dict[bytes, bytes]
+_DECOUPLED_ERROR = "HTTP end point doesn't support models with decoupled transaction policy"
 Handler = Callable[[InferenceServer, Route, bytes, Headers], Awaitable[Reply]]
 _json = json_reply
 _reply = Reply
@@ -78,7 +80,8 @@ async def model_infer(server: InferenceServer, route: Route, body: bytes, header
                                      batching=max_batch_size > 0)
     else:
         request = decode_infer_request(body, header_length, model, route.version)
-    response = await server.infer(request)
+    forward_headers(request.parameters, headers, server.options.http_header_forward_pattern)
+    response = await server.infer(request, _DECOUPLED_ERROR)
     if response.error is not None:
         error = response.error
         raise error if isinstance(error, NaiadError) else NaiadError(str(error))
@@ -87,6 +90,18 @@ async def model_infer(server: InferenceServer, route: Route, body: bytes, header
         return _reply(200, out)
     return _reply(200, out, b"application/octet-stream",
                   [(b"inference-header-content-length", str(json_length).encode())])
+
+
+def forward_headers(parameters: dict[str, Any], headers: Headers, pattern: str) -> None:
+    """--http-header-forward-pattern: headers whose name matches (case-insensitively) become
+    string request parameters, as Triton forwards them to the model."""
+    if not pattern:
+        return
+    regex = re.compile(pattern, re.IGNORECASE)  # re caches compiled patterns
+    for name, value in headers.items():
+        key = name.decode("latin-1")
+        if regex.search(key):
+            parameters[key] = value.decode("latin-1")
 
 
 def _header_length(headers: Headers) -> int | None:

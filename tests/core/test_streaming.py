@@ -1,0 +1,80 @@
+"""Decoupled models through the core: InferenceServer.stream with the repeat backend."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from naiad.config.options import ServerOptions
+from naiad.core.server import InferenceServer
+from naiad.errors import Unsupported
+from naiad.types import DataType, InferRequest, Tensor
+
+CONFIG = """
+name: "repeat_int32"
+backend: "repeat"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
+        { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] optional: true } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+"""
+
+
+@pytest.fixture
+def server(tmp_path):
+    (tmp_path / "repeat_int32" / "1").mkdir(parents=True)
+    (tmp_path / "repeat_int32" / "config.pbtxt").write_text(CONFIG)
+    server = InferenceServer(ServerOptions(model_repositories=(tmp_path,)))
+    server.start()
+    yield server
+    server.stop()
+
+
+def _request(values, request_id="r", delays=None):
+    inputs = [Tensor("IN", DataType.INT32, (len(values),), np.array(values, dtype=np.int32))]
+    if delays is not None:
+        inputs.append(Tensor("DELAY", DataType.UINT32, (len(delays),), np.array(delays, dtype=np.uint32)))
+    return InferRequest("repeat_int32", None, inputs, id=request_id)
+
+
+async def _collect(server, request):
+    return [response async for response in server.stream(request)]
+
+
+def test_one_response_per_element_then_an_empty_final(server):
+    responses = asyncio.run(_collect(server, _request([5, 6, 7])))
+    assert [r.final for r in responses] == [False, False, False, True]
+    assert [r.outputs[0].data.tolist() for r in responses[:3]] == [[5], [6], [7]]
+    assert [r.outputs[1].data.tolist() for r in responses[:3]] == [[0], [1], [2]]
+    assert responses[-1].outputs == [] and responses[-1].error is None
+    assert all(r.id == "r" for r in responses)
+    assert server.inflight == 0
+
+
+def test_zero_elements_give_only_the_final_response(server):
+    responses = asyncio.run(_collect(server, _request([])))
+    assert len(responses) == 1 and responses[0].final and responses[0].outputs == []
+
+
+def test_streams_interleave(server):
+    async def both():
+        return await asyncio.gather(_collect(server, _request([1, 2], "a", [20, 20])),
+                                    _collect(server, _request([3], "b")))
+
+    a, b = asyncio.run(both())
+    assert [r.id for r in a] == ["a"] * 3 and [r.id for r in b] == ["b"] * 2
+
+
+def test_a_per_request_error_is_a_final_error_response(server):
+    responses = asyncio.run(_collect(server, _request([1, 2], delays=[0])))
+    assert len(responses) == 1 and responses[0].final
+    assert "DELAY must have as many elements as IN" in str(responses[0].error)
+
+
+def test_unary_infer_refuses_decoupled_models(server):
+    with pytest.raises(Unsupported, match="doesn't support models with decoupled transaction policy"):
+        asyncio.run(server.infer(_request([1])))
+    assert server.inflight == 0
+    stats = server.statistics("repeat_int32", None)["model_stats"][0]["inference_stats"]
+    assert stats["fail"]["count"] == 1
