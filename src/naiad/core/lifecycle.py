@@ -138,9 +138,9 @@ class ModelManager:
         if not wanted:
             self._fail(record, {}, "at least one version must be available under the version policy of the model")
             raise InvalidArgument(f"load failed for model '{name}': {record.error}")
-        if self._unchanged(record, config, wanted, available):
-            return
         started, failures = self._start_versions(record, config, cls, model_dir, wanted, available)
+        if not failures and started == record.serving:
+            return  # nothing changed: every version kept serving as it was
         if failures:
             for loaded in started.values():
                 if loaded not in record.serving.values():
@@ -149,15 +149,6 @@ class ModelManager:
             detail = "; ".join(f"version {v} is at UNAVAILABLE state: {r}" for v, r in sorted(failures.items()))
             raise InvalidArgument(f"load failed for model '{name}': {detail};")
         self._switch(record, started)
-
-    def _unchanged(self, record: ModelRecord, config: mc.ModelConfig, wanted: list[int],
-                   available: dict[int, Path]) -> bool:
-        if sorted(record.serving) != wanted:
-            return False
-        return all(
-            v.config == config and v.fingerprint == fingerprint(available[n])
-            for n, v in record.serving.items()
-        )
 
     def _start_versions(self, record: ModelRecord, config: mc.ModelConfig, cls: Any, model_dir: Path,
                         wanted: list[int], available: dict[int, Path]
