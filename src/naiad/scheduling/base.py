@@ -20,11 +20,22 @@ Sink = Callable[[InferResponse], None]
 
 @dataclass(slots=True)
 class Job:
-    """A request waiting for execution, with where its response goes and when it arrived."""
+    """A request waiting for execution, with where its response goes and when it arrived.
+
+    The batching fields are filled by the core when the job is made: `batch_size` (the leading
+    dimension for batching models, else 1), `shape_key` (requests batch together only when their
+    keys are equal), `priority` (the requested level, 0 = default), `deadline_ns` (monotonic,
+    0 = none). `cancelled` is set when nobody waits for the answer any more.
+    """
 
     request: InferRequest
     sink: Sink
     enqueued_ns: int = field(default_factory=time.monotonic_ns)
+    batch_size: int = 1
+    shape_key: tuple[object, ...] = ()
+    priority: int = 0
+    deadline_ns: int = 0
+    cancelled: bool = False
 
 
 Runner = Callable[[list[Job]], None]
