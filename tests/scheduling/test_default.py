@@ -29,23 +29,31 @@ def test_every_job_runs_once_and_alone():
 
 def test_an_idle_instance_takes_work_while_another_is_busy():
     release = threading.Event()
+    busy = threading.Event()
     started: list[str] = []
 
     def slow(jobs: list[Job]) -> None:
         started.append("slow")
+        busy.set()
         release.wait(5)
 
     def fast(jobs: list[Job]) -> None:
         started.append("fast")
+        busy.set()
+        release.wait(5)
 
     scheduler = DefaultScheduler([slow, fast])
     scheduler.start()
-    for i in range(3):
-        scheduler.submit(_job(i, []))
+    scheduler.submit(_job(0, []))
+    assert busy.wait(5)  # one instance now holds the first job
+    ran_first = started[0]
+
+    other = next(r for r in ("slow", "fast") if r != ran_first)
+    scheduler.submit(_job(1, []))
     deadline = time.monotonic() + 5
-    while started.count("fast") < 2 and time.monotonic() < deadline:
+    while len(started) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert started.count("fast") == 2 and started.count("slow") == 1
+    assert started == [ran_first, other]  # the idle one took it, not the busy one
     release.set()
     scheduler.stop()
 

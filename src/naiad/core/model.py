@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -12,11 +13,12 @@ from naiad.backends.base import Model, ModelInstance
 from naiad.config.model_config import tensor_specs
 from naiad.core.responses import ResponseBuilder
 from naiad.core.runner import DecoupledRunner, InstanceRunner
+from naiad.core.scheduling import make_job, make_scheduler
 from naiad.core.validation import RequestValidator
 from naiad.core.warmup import run_warmup
+from naiad.errors import Unavailable
 from naiad.observability.statistics import ModelStatistics
 from naiad.scheduling.base import Job, Scheduler, Sink
-from naiad.scheduling.default import DefaultScheduler
 from naiad.types import InferRequest
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,7 @@ class LoadedVersion:
             raise
         runner = DecoupledRunner if self.decoupled else InstanceRunner
         runners = [runner(i, self.builder, self.stats, self.batched, self.release) for i in self._instances]
-        self._scheduler = DefaultScheduler(runners, name=f"{self.name}-{self.version}")
+        self._scheduler = make_scheduler(self.config, runners, self._drop, f"{self.name}-{self.version}")
         self._scheduler.start()
 
     def acquire(self) -> None:
@@ -70,11 +72,24 @@ class LoadedVersion:
             if self._inflight == 0:
                 self._idle.notify_all()
 
-    def submit(self, request: InferRequest, sink: Sink) -> None:
-        """Validate and queue; the caller has acquired a slot and releases it if this raises."""
+    def submit(self, request: InferRequest, sink: Sink) -> Job:
+        """Validate and queue; the caller has acquired a slot and releases it if this raises.
+
+        Returns the job, so a caller whose client went away can mark it cancelled."""
         self.validator.validate(request)
-        assert self._scheduler is not None, "submit before start"
-        self._scheduler.submit(Job(request, sink))
+        if self._scheduler is None:
+            raise Unavailable(f"model '{self.name}' version {self.version} is not serving")
+        job = make_job(request, sink, self.batched)
+        self._scheduler.submit(job)
+        return job
+
+    def _drop(self, job: Job, error: Exception | None) -> None:
+        """A job the scheduler dropped (timed out or cancelled): answer it if anyone listens."""
+        now = time.monotonic_ns()
+        self.stats.record_failure(now - job.enqueued_ns)
+        self.release()
+        if error is not None:
+            job.sink(self.builder.error(job.request, error))
 
     def pending(self) -> int:
         return self._scheduler.pending() if self._scheduler else 0

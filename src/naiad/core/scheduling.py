@@ -1,0 +1,68 @@
+"""Which scheduler a model version gets, and the batching facts of each job (from its config)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.errors import InvalidArgument
+from naiad.scheduling.base import Job, Runner, Scheduler, Sink
+from naiad.scheduling.default import DefaultScheduler
+from naiad.scheduling.dynamic import BatcherSettings, Drop, DynamicBatcher, QueuePolicy
+from naiad.types import InferRequest
+
+_US = 1000
+
+
+def make_scheduler(config: mc.ModelConfig, runners: list[Runner], drop: Drop, name: str) -> Scheduler:
+    """The dynamic batcher when the config asks for it, else Triton's default scheduler."""
+    if config.WhichOneof("scheduling_choice") != "dynamic_batching":
+        return DefaultScheduler(runners, name=name)
+    return DynamicBatcher(runners, batcher_settings(config), drop, name=name)
+
+
+def batcher_settings(config: mc.ModelConfig) -> BatcherSettings:
+    batching = config.dynamic_batching
+    return BatcherSettings(
+        max_batch_size=max(config.max_batch_size, 1),
+        preferred_batch_sizes=tuple(batching.preferred_batch_size),
+        max_queue_delay_ns=batching.max_queue_delay_microseconds * _US,
+        preserve_ordering=batching.preserve_ordering and not config.model_transaction_policy.decoupled,
+        priority_levels=batching.priority_levels,
+        default_priority_level=batching.default_priority_level,
+        default_policy=_policy(batching.default_queue_policy),
+        level_policies={level: _policy(p) for level, p in batching.priority_queue_policy.items()},
+    )
+
+
+def _policy(policy: mc.ModelQueuePolicy) -> QueuePolicy:
+    return QueuePolicy(
+        timeout_action=policy.timeout_action,
+        default_timeout_ns=policy.default_timeout_microseconds * _US,
+        allow_timeout_override=policy.allow_timeout_override,
+        max_queue_size=policy.max_queue_size,
+    )
+
+
+def make_job(request: InferRequest, sink: Sink, batched: bool) -> Job:
+    """A job with its batch size, shape key, priority and deadline taken from the request."""
+    job = Job(request, sink)
+    if batched and request.inputs:
+        job.batch_size = request.inputs[0].shape[0]
+        job.shape_key = tuple((t.name, t.shape[1:]) for t in request.inputs)
+    parameters = request.parameters
+    if parameters:
+        job.priority = _unsigned(parameters, "priority")
+        timeout_us = _unsigned(parameters, "timeout")
+        job.deadline_ns = job.enqueued_ns + timeout_us * _US if timeout_us else 0
+    return job
+
+
+def _unsigned(parameters: dict[str, Any], key: str) -> int:
+    value = parameters.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"'{key}' parameter must be a non-negative integer, got {value!r}")
+    return value
+
+
