@@ -8,6 +8,7 @@ from naiad.backends.base import Model
 from naiad.errors import InvalidArgument
 
 _BACKENDS: dict[str, str] = {
+    "identity": "naiad.backends.identity:IdentityModel",
     "onnxruntime": "naiad.backends.onnxruntime:OnnxRuntimeModel",
     "repeat": "naiad.backends.repeat:RepeatModel",
 }

@@ -1,0 +1,128 @@
+"""The dynamic batcher in a real server: the identity backend holds its one instance busy for
+`execute_delay_ms`, and what the batcher did is read back from the statistics extension."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from e2e.raw_http import post_json
+from e2e.repo_builder import write_model
+
+MODEL = """
+name: "{name}"
+backend: "identity"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters {{ key: "execute_delay_ms" value {{ string_value: "{delay}" }} }}
+dynamic_batching {{ {batching} }}
+"""
+MODELS = {
+    "preferred": ("0", "preferred_batch_size: [ 2, 6 ] max_queue_delay_microseconds: 600000"),
+    "overflow": ("400", "default_queue_policy { max_queue_size: 1 }"),
+    "timeout": ("400", "default_queue_policy { default_timeout_microseconds: 100000 }"),
+    "override": ("400", "default_queue_policy { allow_timeout_override: true }"),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from conftest import running_server
+
+    repo = tmp_path_factory.mktemp("batching")
+    for name, (delay, batching) in MODELS.items():
+        write_model(repo, name, MODEL.format(name=name, delay=delay, batching=batching), {1: lambda path: None})
+    with running_server(["--model-repository", str(repo)], repo / "naiad.log") as running:
+        yield running
+
+
+def _infer(url: str, model: str, rows: int, **kwargs: Any) -> np.ndarray:
+    data = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    tensor = httpclient.InferInput("INPUT0", [rows, 4], "FP32")
+    tensor.set_data_from_numpy(data)
+    with httpclient.InferenceServerClient(url) as client:
+        result = client.infer(model, [tensor], **kwargs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+    return data
+
+
+def _in_threads(*calls: Any) -> list[Any]:
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int, call: Any) -> None:
+        try:
+            results[i] = call()
+        except Exception as error:  # collected and asserted on by the test
+            results[i] = error
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)  # arrival order is part of what these tests check
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def _batches(url: str, model: str) -> dict[int, int]:
+    with httpclient.InferenceServerClient(url) as client:
+        stats = client.get_inference_statistics(model)["model_stats"][0]
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+
+def test_preferred_sizes_go_at_once_and_two_single_requests_form_one_batch(server: Any) -> None:
+    start = time.monotonic()
+    _infer(server.url, "preferred", 2)
+    _infer(server.url, "preferred", 6)
+    assert time.monotonic() - start < 0.5  # neither waited for the 0.6 s queue delay
+    _in_threads(lambda: _infer(server.url, "preferred", 1), lambda: _infer(server.url, "preferred", 1))
+    assert _batches(server.url, "preferred") == {2: 2, 6: 1}
+
+
+def test_a_lone_request_waits_the_whole_queue_delay(server: Any) -> None:
+    start = time.monotonic()
+    _infer(server.url, "preferred", 1)
+    assert time.monotonic() - start >= 0.6
+    assert _batches(server.url, "preferred")[1] == 1
+
+
+def test_queue_overflow_rejects_exactly_the_overflowing_request(server: Any) -> None:
+    results = _in_threads(*[lambda: _infer(server.url, "overflow", 8)] * 3)
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert len(errors) == 1, results
+    assert isinstance(errors[0], InferenceServerException)
+    assert errors[0].status() == "503" and "Exceeds maximum queue size" in errors[0].message()
+
+
+def test_a_request_past_its_queue_timeout_is_rejected(server: Any) -> None:
+    results = _in_threads(lambda: _infer(server.url, "timeout", 8), lambda: _infer(server.url, "timeout", 8))
+    assert not isinstance(results[0], Exception)
+    assert isinstance(results[1], InferenceServerException), results
+    assert results[1].status() == "503" and "Request timeout expired" in results[1].message()
+    with httpclient.InferenceServerClient(server.url) as client:
+        stats = client.get_inference_statistics("timeout")["model_stats"][0]["inference_stats"]
+    assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 1
+
+
+def test_request_timeout_parameter_applies_when_the_policy_allows_it(server: Any) -> None:
+    results = _in_threads(lambda: _infer(server.url, "override", 8),
+                          lambda: _infer(server.url, "override", 8, timeout=100_000))
+    assert isinstance(results[1], InferenceServerException), results
+    assert "Request timeout expired" in results[1].message()
+
+
+def test_priority_must_be_an_unsigned_integer(server: Any) -> None:
+    request = {"parameters": {"priority": "high"},
+               "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 4], "data": [0.0] * 8}]}
+    answer = post_json(server.url, "/v2/models/preferred/infer", request)
+    assert answer.status == 400
+    assert "priority" in answer.error()
+    _infer(server.url, "preferred", 2, priority=1)
