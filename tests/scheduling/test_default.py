@@ -67,3 +67,16 @@ def test_stop_runs_queued_jobs_first():
     scheduler.start()
     scheduler.stop()
     assert len(ran) == 5 and scheduler.pending() == 0
+
+
+def test_cancelled_jobs_are_dropped_not_run():
+    ran: list[Job] = []
+    dropped: list[tuple[Job, object]] = []
+    scheduler = DefaultScheduler([ran.extend], drop=lambda job, error: dropped.append((job, error)))
+    gone, kept = _job(1, []), _job(2, [])
+    gone.cancelled = True
+    scheduler.submit(gone)
+    scheduler.submit(kept)
+    scheduler.start()
+    scheduler.stop()
+    assert ran == [kept] and dropped == [(gone, None)]

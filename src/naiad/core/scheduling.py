@@ -7,9 +7,9 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.errors import InvalidArgument
-from naiad.scheduling.base import Job, Runner, Scheduler, Sink
+from naiad.scheduling.base import Drop, Job, Runner, Scheduler, Sink
 from naiad.scheduling.default import DefaultScheduler
-from naiad.scheduling.dynamic import BatcherSettings, Drop, DynamicBatcher, QueuePolicy
+from naiad.scheduling.dynamic import BatcherSettings, DynamicBatcher, QueuePolicy
 from naiad.types import InferRequest
 
 _US = 1000
@@ -18,7 +18,7 @@ _US = 1000
 def make_scheduler(config: mc.ModelConfig, runners: list[Runner], drop: Drop, name: str) -> Scheduler:
     """The dynamic batcher when the config asks for it, else Triton's default scheduler."""
     if config.WhichOneof("scheduling_choice") != "dynamic_batching":
-        return DefaultScheduler(runners, name=name)
+        return DefaultScheduler(runners, name=name, drop=drop)
     return DynamicBatcher(runners, batcher_settings(config), drop, name=name)
 
 

@@ -39,6 +39,9 @@ class Job:
 
 
 Runner = Callable[[list[Job]], None]
+#: How a scheduler hands back a job it will not run (timed out, cancelled): the core answers
+#: it with the error, if any, and releases its in-flight slot.
+Drop = Callable[[Job, Exception | None], None]
 
 
 class Scheduler(ABC):

@@ -9,13 +9,14 @@ from __future__ import annotations
 import queue
 import threading
 
-from naiad.scheduling.base import Job, Runner, Scheduler
+from naiad.scheduling.base import Drop, Job, Runner, Scheduler
 
 
 class DefaultScheduler(Scheduler):
-    def __init__(self, runners: list[Runner], name: str = "model") -> None:
+    def __init__(self, runners: list[Runner], name: str = "model", drop: Drop | None = None) -> None:
         self._runners = runners
         self._name = name
+        self._drop = drop
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
 
@@ -44,4 +45,7 @@ class DefaultScheduler(Scheduler):
     def _loop(self, runner: Runner) -> None:
         get = self._queue.get
         while (job := get()) is not None:
+            if job.cancelled and self._drop is not None:
+                self._drop(job, None)  # nobody waits for this answer any more
+                continue
             runner([job])

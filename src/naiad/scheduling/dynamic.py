@@ -24,10 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from naiad.errors import Unavailable
-from naiad.scheduling.base import Job, Runner, Scheduler
-
-#: What happens to a job the batcher drops (timed out, cancelled): the core answers and releases it.
-Drop = Callable[[Job, Exception | None], None]
+from naiad.scheduling.base import Drop, Job, Runner, Scheduler
 
 TIMEOUT_REJECT = 0
 TIMEOUT_DELAY = 1
