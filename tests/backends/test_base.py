@@ -29,3 +29,22 @@ def test_concatenates_along_the_batch_dimension_and_splits_back():
 def test_non_batching_model_counts_one_per_request():
     batch = Batch([_request(5, 0)], batched=False)
     assert batch.size == 1
+
+
+def test_ragged_inputs_concatenate_flat_with_their_batch_input_descriptors():
+    from naiad.backends.base import BatchInput, RaggedLayout
+
+    requests = [InferRequest("m", None, [Tensor("X", DataType.FP32, (1, n), np.ones((1, n), np.float32))])
+                for n in (3, 4, 5)]
+    kinds = ["BATCH_ELEMENT_COUNT", "BATCH_ACCUMULATED_ELEMENT_COUNT", "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
+             "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", "BATCH_ITEM_SHAPE", "BATCH_ITEM_SHAPE_FLATTEN"]
+    layout = RaggedLayout(frozenset({"X"}), tuple(BatchInput(k, k, np.dtype(np.int32), "X") for k in kinds))
+    inputs = Batch(requests, batched=True, layout=layout).inputs()
+    assert inputs["X"].shape == (12,)
+    assert inputs["BATCH_ELEMENT_COUNT"].tolist() == [3, 4, 5]
+    assert inputs["BATCH_ACCUMULATED_ELEMENT_COUNT"].tolist() == [3, 7, 12]
+    assert inputs["BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO"].tolist() == [0, 3, 7, 12]
+    assert inputs["BATCH_MAX_ELEMENT_COUNT_AS_SHAPE"].shape == (5,)
+    assert inputs["BATCH_ITEM_SHAPE"].tolist() == [[3], [4], [5]]
+    assert inputs["BATCH_ITEM_SHAPE_FLATTEN"].tolist() == [3, 4, 5]
+    assert all(a.dtype == np.int32 for k, a in inputs.items() if k != "X")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from e2e.concurrency import in_threads
 from e2e.raw_http import post_json
 from e2e.repo_builder import write_model
 
@@ -54,24 +54,6 @@ def _infer(url: str, model: str, rows: int, **kwargs: Any) -> np.ndarray:
     return data
 
 
-def _in_threads(*calls: Any) -> list[Any]:
-    results: list[Any] = [None] * len(calls)
-
-    def run(i: int, call: Any) -> None:
-        try:
-            results[i] = call()
-        except Exception as error:  # collected and asserted on by the test
-            results[i] = error
-
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
-    for thread in threads:
-        thread.start()
-        time.sleep(0.05)  # arrival order is part of what these tests check
-    for thread in threads:
-        thread.join(30)
-    return results
-
-
 def _batches(url: str, model: str) -> dict[int, int]:
     with httpclient.InferenceServerClient(url) as client:
         stats = client.get_inference_statistics(model)["model_stats"][0]
@@ -83,7 +65,7 @@ def test_preferred_sizes_go_at_once_and_two_single_requests_form_one_batch(serve
     _infer(server.url, "preferred", 2)
     _infer(server.url, "preferred", 6)
     assert time.monotonic() - start < 0.5  # neither waited for the 0.6 s queue delay
-    _in_threads(lambda: _infer(server.url, "preferred", 1), lambda: _infer(server.url, "preferred", 1))
+    in_threads(lambda: _infer(server.url, "preferred", 1), lambda: _infer(server.url, "preferred", 1))
     assert _batches(server.url, "preferred") == {2: 2, 6: 1}
 
 
@@ -95,7 +77,7 @@ def test_a_lone_request_waits_the_whole_queue_delay(server: Any) -> None:
 
 
 def test_queue_overflow_rejects_exactly_the_overflowing_request(server: Any) -> None:
-    results = _in_threads(*[lambda: _infer(server.url, "overflow", 8)] * 3)
+    results = in_threads(*[lambda: _infer(server.url, "overflow", 8)] * 3)
     errors = [r for r in results if isinstance(r, Exception)]
     assert len(errors) == 1, results
     assert isinstance(errors[0], InferenceServerException)
@@ -103,7 +85,7 @@ def test_queue_overflow_rejects_exactly_the_overflowing_request(server: Any) -> 
 
 
 def test_a_request_past_its_queue_timeout_is_rejected(server: Any) -> None:
-    results = _in_threads(lambda: _infer(server.url, "timeout", 8), lambda: _infer(server.url, "timeout", 8))
+    results = in_threads(lambda: _infer(server.url, "timeout", 8), lambda: _infer(server.url, "timeout", 8))
     assert not isinstance(results[0], Exception)
     assert isinstance(results[1], InferenceServerException), results
     assert results[1].status() == "503" and "Request timeout expired" in results[1].message()
@@ -113,7 +95,7 @@ def test_a_request_past_its_queue_timeout_is_rejected(server: Any) -> None:
 
 
 def test_request_timeout_parameter_applies_when_the_policy_allows_it(server: Any) -> None:
-    results = _in_threads(lambda: _infer(server.url, "override", 8),
+    results = in_threads(lambda: _infer(server.url, "override", 8),
                           lambda: _infer(server.url, "override", 8, timeout=100_000))
     assert isinstance(results[1], InferenceServerException), results
     assert "Request timeout expired" in results[1].message()

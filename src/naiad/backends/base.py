@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +26,38 @@ RequestResult = Outputs | Exception
 ResponseSender = Callable[[int, Outputs | Exception | None, bool], None]
 
 
+@dataclass(frozen=True, slots=True)
+class BatchInput:
+    """A config `batch_input`: a tensor the server makes to describe the batch it formed."""
+
+    kind: str  # BATCH_ELEMENT_COUNT, BATCH_ACCUMULATED_ELEMENT_COUNT[_WITH_ZERO], ...
+    target: str
+    dtype: np.dtype[Any]
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class RaggedLayout:
+    """Inputs with allow_ragged_batch (concatenated flat) and the batch inputs to add."""
+
+    ragged: frozenset[str] = frozenset()
+    batch_inputs: tuple[BatchInput, ...] = ()
+
+
 class Batch:
     """Requests that execute together.
 
-    It owns concatenation along the batch dimension (for models with max_batch_size > 0) and
-    the split of outputs back into per-request slices.
+    It owns concatenation along the batch dimension (for models with max_batch_size > 0), the
+    flat concatenation of ragged inputs with their batch-input descriptors, and the split of
+    outputs back into per-request slices.
     """
 
-    __slots__ = ("batched", "requests", "sizes")
+    __slots__ = ("batched", "layout", "requests", "sizes")
 
-    def __init__(self, requests: list[InferRequest], batched: bool) -> None:
+    def __init__(self, requests: list[InferRequest], batched: bool, layout: RaggedLayout | None = None) -> None:
         self.requests = requests
         self.batched = batched
+        self.layout = layout
         self.sizes = [_batch_size(r) for r in requests] if batched else [1] * len(requests)
 
     @property
@@ -47,13 +68,22 @@ class Batch:
     def inputs(self) -> dict[str, np.ndarray]:
         """Input arrays by name, concatenated along dim 0 when several requests batch together."""
         first = self.requests[0]
-        if len(self.requests) == 1:
+        if len(self.requests) == 1 and self.layout is None:
             return {t.name: t.data for t in first.inputs}
         by_name: dict[str, list[np.ndarray]] = {}
         for request in self.requests:
             for tensor in request.inputs:
                 by_name.setdefault(tensor.name, []).append(tensor.data)
-        return {name: np.concatenate(parts) for name, parts in by_name.items()}
+        if self.layout is None:
+            return {name: np.concatenate(parts) for name, parts in by_name.items()}
+        ragged = self.layout.ragged
+        arrays = {
+            name: np.concatenate([p.reshape(-1) for p in parts]) if name in ragged else np.concatenate(parts)
+            for name, parts in by_name.items()
+        }
+        for spec in self.layout.batch_inputs:
+            arrays[spec.target] = _describe(spec, by_name.get(spec.source, []))
+        return arrays
 
     def split(self, outputs: Mapping[str, np.ndarray]) -> list[Outputs]:
         """Slice each output back per request along dim 0 (views, no copies)."""
@@ -66,6 +96,26 @@ class Batch:
                 results[i][name] = array[start : start + size]
                 start += size
         return results
+
+
+def _describe(spec: BatchInput, parts: list[np.ndarray]) -> np.ndarray:
+    """The batch-input tensor of `spec.kind` for the source input's per-request arrays."""
+    counts = np.array([p.size for p in parts], dtype=np.int64)
+    if spec.kind == "BATCH_ELEMENT_COUNT":
+        values = counts
+    elif spec.kind == "BATCH_ACCUMULATED_ELEMENT_COUNT":
+        values = np.cumsum(counts)
+    elif spec.kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
+        values = np.concatenate([[0], np.cumsum(counts)])
+    elif spec.kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
+        values = np.zeros(int(counts.max(initial=0)))  # only its shape carries the information
+    elif spec.kind in ("BATCH_ITEM_SHAPE", "BATCH_ITEM_SHAPE_FLATTEN"):
+        values = np.array([p.shape[1:] for p in parts], dtype=np.int64)
+        if spec.kind == "BATCH_ITEM_SHAPE_FLATTEN":
+            values = values.reshape(-1)
+    else:
+        raise ValueError(f"unknown batch input kind {spec.kind}")
+    return values.astype(spec.dtype)
 
 
 def _batch_size(request: InferRequest) -> int:

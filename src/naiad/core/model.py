@@ -13,7 +13,7 @@ from naiad.backends.base import Model, ModelInstance
 from naiad.config.model_config import tensor_specs
 from naiad.core.responses import ResponseBuilder
 from naiad.core.runner import DecoupledRunner, InstanceRunner
-from naiad.core.scheduling import make_job, make_scheduler
+from naiad.core.scheduling import make_job, make_scheduler, ragged_layout
 from naiad.core.validation import RequestValidator
 from naiad.core.warmup import run_warmup
 from naiad.errors import Unavailable
@@ -36,6 +36,7 @@ class LoadedVersion:
         self.inputs, self.outputs = tensor_specs(config)
         self.batched = config.max_batch_size > 0
         self.decoupled = config.model_transaction_policy.decoupled
+        self.layout = ragged_layout(config)
         self.validator = RequestValidator(name, config.max_batch_size, self.inputs, self.outputs)
         self.builder = ResponseBuilder(name, str(version), self.outputs, self.batched, _labels(config, model_dir))
         self.stats = ModelStatistics(name, str(version))
@@ -57,7 +58,8 @@ class LoadedVersion:
             self._close_instances()
             raise
         runner = DecoupledRunner if self.decoupled else InstanceRunner
-        runners = [runner(i, self.builder, self.stats, self.batched, self.release) for i in self._instances]
+        runners = [runner(i, self.builder, self.stats, self.batched, self.release, self.layout)
+                   for i in self._instances]
         self._scheduler = make_scheduler(self.config, runners, self._drop, f"{self.name}-{self.version}")
         self._scheduler.start()
 
@@ -79,7 +81,7 @@ class LoadedVersion:
         self.validator.validate(request)
         if self._scheduler is None:
             raise Unavailable(f"model '{self.name}' version {self.version} is not serving")
-        job = make_job(request, sink, self.batched)
+        job = make_job(request, sink, self.batched, self.layout.ragged if self.layout else frozenset())
         self._scheduler.submit(job)
         return job
 

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from naiad.backends.base import Batch, ModelInstance
+from naiad.backends.base import Batch, ModelInstance, RaggedLayout
 from naiad.core.responses import ResponseBuilder
 from naiad.errors import InternalError, NaiadError
 from naiad.observability.statistics import ModelStatistics
@@ -20,8 +20,9 @@ class InstanceRunner:
     """Called from the instance's own thread; never raises, every job gets exactly one response."""
 
     def __init__(self, instance: ModelInstance, builder: ResponseBuilder, stats: ModelStatistics,
-                 batched: bool, on_done: Callable[[int], None]) -> None:
+                 batched: bool, on_done: Callable[[int], None], layout: RaggedLayout | None = None) -> None:
         self.instance = instance
+        self.layout = layout
         self.builder = builder
         self.stats = stats
         self.batched = batched
@@ -29,7 +30,7 @@ class InstanceRunner:
 
     def __call__(self, jobs: list[Job]) -> None:
         start = time.monotonic_ns()
-        batch = Batch([job.request for job in jobs], self.batched)
+        batch = Batch([job.request for job in jobs], self.batched, self.layout)
         results = self._execute(batch)
         infer_end = time.monotonic_ns()
         responses = [self._response(job, result) for job, result in zip(jobs, results, strict=True)]
@@ -73,7 +74,7 @@ class DecoupledRunner(InstanceRunner):
 
     def __call__(self, jobs: list[Job]) -> None:
         start = time.monotonic_ns()
-        batch = Batch([job.request for job in jobs], self.batched)
+        batch = Batch([job.request for job in jobs], self.batched, self.layout)
         open_jobs = set(range(len(jobs)))
 
         def send(index: int, result: object, final: bool) -> None:

@@ -6,11 +6,12 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.backends.base import BatchInput, RaggedLayout
 from naiad.errors import InvalidArgument
 from naiad.scheduling.base import Drop, Job, Runner, Scheduler, Sink
 from naiad.scheduling.default import DefaultScheduler
 from naiad.scheduling.dynamic import BatcherSettings, DynamicBatcher, QueuePolicy
-from naiad.types import InferRequest
+from naiad.types import DataType, InferRequest
 
 _US = 1000
 
@@ -45,12 +46,25 @@ def _policy(policy: mc.ModelQueuePolicy) -> QueuePolicy:
     )
 
 
-def make_job(request: InferRequest, sink: Sink, batched: bool) -> Job:
-    """A job with its batch size, shape key, priority and deadline taken from the request."""
+def ragged_layout(config: mc.ModelConfig) -> RaggedLayout | None:
+    """Ragged inputs and batch inputs of a config; None when it has neither (the common case)."""
+    ragged = frozenset(i.name for i in config.input if i.allow_ragged_batch)
+    batch_inputs = tuple(
+        BatchInput(mc.BatchInput.Kind.Name(b.kind), target, DataType.from_config(mc.DataType.Name(b.data_type)).numpy,
+                   b.source_input[0] if b.source_input else "")
+        for b in config.batch_input
+        for target in b.target_name
+    )
+    return RaggedLayout(ragged, batch_inputs) if ragged or batch_inputs else None
+
+
+def make_job(request: InferRequest, sink: Sink, batched: bool, ragged: frozenset[str] = frozenset()) -> Job:
+    """A job with its batch size, shape key, priority and deadline taken from the request;
+    ragged inputs leave the shape key, so requests differing only there batch together."""
     job = Job(request, sink)
     if batched and request.inputs:
         job.batch_size = request.inputs[0].shape[0]
-        job.shape_key = tuple((t.name, t.shape[1:]) for t in request.inputs)
+        job.shape_key = tuple((t.name, t.shape[1:]) for t in request.inputs if t.name not in ragged)
     parameters = request.parameters
     if parameters:
         job.priority = _unsigned(parameters, "priority")
