@@ -63,6 +63,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _add_bool(p, "--allow-metrics", True, "serve metrics (not built yet: accepted for compatibility)")
     p.add_argument("--metrics-address", default=None)
     p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off")
+    p.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]")
     p.add_argument("--id", default="triton", help="server id reported in server metadata")
     p.add_argument("--log-verbose", type=int, default=0)
     _add_bool(p, "--log-info", True, "log info messages")
@@ -156,9 +158,23 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=_rate_limit_resources(args.rate_limit_resource, parser),
         server_id=args.id,
         backend_config=backend_config,
     )
+
+
+def _rate_limit_resources(values: list[str], parser: argparse.ArgumentParser) -> dict[tuple[str, int | None], int]:
+    """`name:count` (every device) or `name:count:device`."""
+    resources: dict[tuple[str, int | None], int] = {}
+    for value in values:
+        parts = value.split(":")
+        if len(parts) not in (2, 3) or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+            parser.error(f"--rate-limit-resource expects <name>:<count>[:<device>], got '{value}'")
+        device = int(parts[2]) if len(parts) == 3 else None
+        resources[(parts[0], device)] = int(parts[1])
+    return resources
 
 
 def _backend_config(values: list[str], parser: argparse.ArgumentParser) -> dict[str, dict[str, str]]:

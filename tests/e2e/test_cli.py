@@ -173,3 +173,12 @@ def test_config_honours_model_config_name(tmp_path: Path, capsys: pytest.Capture
     assert main(["config", str(model_dir), "--model-config-name", "small"]) == 0
     config = text_format.Parse(capsys.readouterr().out, model_config_pb2.ModelConfig())
     assert config.max_batch_size == 2
+
+
+def test_rate_limit_flags() -> None:
+    options = _options("--rate-limit=execution_count", "--rate-limit-resource=R1:4",
+                       "--rate-limit-resource", "R2:1:0")
+    assert options.rate_limit == "execution_count"
+    assert options.rate_limit_resources == {("R1", None): 4, ("R2", 0): 1}
+    with pytest.raises(SystemExit):
+        _options("--rate-limit-resource=R1")

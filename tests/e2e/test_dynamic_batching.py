@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -108,3 +109,25 @@ def test_priority_must_be_an_unsigned_integer(server: Any) -> None:
     assert answer.status == 400
     assert "priority" in answer.error()
     _infer(server.url, "preferred", 2, priority=1)
+
+
+RATE_LIMITED = """
+name: "limited"
+backend: "identity"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU rate_limiter { resources [ { name: "R" count: 1 } ] } } ]
+parameters { key: "execute_delay_ms" value { string_value: "300" } }
+"""
+
+
+def test_rate_limiter_lets_only_one_of_two_instances_run_at_a_time(tmp_path: Path, start_server: Any) -> None:
+    write_model(tmp_path, "limited", RATE_LIMITED, {1: lambda path: None})
+    server = start_server(["--model-repository", str(tmp_path), "--rate-limit=execution_count",
+                           "--rate-limit-resource=R:1"])
+    start = time.monotonic()
+    results = in_threads(lambda: _infer(server.url, "limited", 1), lambda: _infer(server.url, "limited", 1))
+    assert not any(isinstance(r, Exception) for r in results), results
+    assert time.monotonic() - start >= 0.6  # two 300 ms executions, one after the other
+    assert _batches(server.url, "limited") == {1: 2}

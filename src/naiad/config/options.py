@@ -53,5 +53,7 @@ class ServerOptions:
     allow_metrics: bool = True
     metrics_address: str | None = None
     metrics_port: int = 8002
+    rate_limit: str = "off"  # off | execution_count
+    rate_limit_resources: dict[tuple[str, int | None], int] = field(default_factory=dict)
     server_id: str = "triton"
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)

@@ -24,6 +24,7 @@ from naiad.core.loader import prepare_config, start_version
 from naiad.core.model import LoadedVersion
 from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable
 from naiad.repository.local import Discovery, discover, fingerprint, select_versions, version_dirs
+from naiad.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class ModelRecord:
 class ModelManager:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
+        self.rate_limiter = (
+            RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
+        )
         self._records: dict[str, ModelRecord] = {}
         self._routes: dict[str, tuple[dict[int, LoadedVersion], LoadedVersion]] = {}
         self._route_lock = threading.Lock()
@@ -167,7 +171,7 @@ class ModelManager:
                 continue
             record.status.setdefault(version, VersionStatus("LOADING"))
             try:
-                loaded = start_version(record.name, version, config, cls, model_dir, version_dir)
+                loaded = start_version(record.name, version, config, cls, model_dir, version_dir, self.rate_limiter)
             except Exception as error:  # any failure of a backend is this version's load failure
                 log.warning("failed to load '%s' version %d: %s", record.name, version, error)
                 failures[version] = str(error) or type(error).__name__

@@ -15,6 +15,7 @@ from naiad.config.validate import validate_config
 from naiad.core.model import LoadedVersion
 from naiad.errors import InvalidArgument
 from naiad.repository.local import version_dirs
+from naiad.scheduling.rate_limiter import RateLimiter
 
 
 def prepare_config(
@@ -48,11 +49,12 @@ def prepare_config(
 
 
 def start_version(
-    name: str, version: int, config: mc.ModelConfig, cls: type[Model], model_dir: Path, version_dir: Path
+    name: str, version: int, config: mc.ModelConfig, cls: type[Model], model_dir: Path, version_dir: Path,
+    rate_limiter: RateLimiter | None = None,
 ) -> LoadedVersion:
     """Load one version and start its instances; raises with the reason on failure."""
     model = cls(config, version_dir, version)
-    loaded = LoadedVersion(name, version, config, model, model_dir)
+    loaded = LoadedVersion(name, version, config, model, model_dir, rate_limiter)
     try:
         loaded.start()
     except BaseException:

@@ -18,7 +18,8 @@ from naiad.core.validation import RequestValidator
 from naiad.core.warmup import run_warmup
 from naiad.errors import Unavailable
 from naiad.observability.statistics import ModelStatistics
-from naiad.scheduling.base import Job, Scheduler, Sink
+from naiad.scheduling.base import Job, Runner, Scheduler, Sink
+from naiad.scheduling.rate_limiter import GLOBAL_DEVICE, Needs, RateLimiter
 from naiad.types import InferRequest
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,9 @@ log = logging.getLogger(__name__)
 class LoadedVersion:
     """One version of one model, ready to serve once `start()` returns."""
 
-    def __init__(self, name: str, version: int, config: mc.ModelConfig, model: Model, model_dir: Path) -> None:
+    def __init__(self, name: str, version: int, config: mc.ModelConfig, model: Model, model_dir: Path,
+                 rate_limiter: RateLimiter | None = None) -> None:
+        self.rate_limiter = rate_limiter
         self.name = name
         self.version = version
         self.config = config
@@ -54,14 +57,33 @@ class LoadedVersion:
                     instance = self.model.create_instance(group, index)
                     self._instances.append(instance)
                     run_warmup(instance, self.config, self.model_dir)
+            runners = self._runners()
         except BaseException:
             self._close_instances()
             raise
-        runner = DecoupledRunner if self.decoupled else InstanceRunner
-        runners = [runner(i, self.builder, self.stats, self.batched, self.release, self.layout)
-                   for i in self._instances]
         self._scheduler = make_scheduler(self.config, runners, self._drop, f"{self.name}-{self.version}")
         self._scheduler.start()
+
+    def _runners(self) -> list[Runner]:
+        runner = DecoupledRunner if self.decoupled else InstanceRunner
+        runners: list[Runner] = [runner(i, self.builder, self.stats, self.batched, self.release, self.layout)
+                                 for i in self._instances]
+        if self.rate_limiter is None:
+            return runners
+        return [self.rate_limiter.wrap(r, needs) for r, needs in zip(runners, self._needs(), strict=True)]
+
+    def _needs(self) -> list[Needs]:
+        """Each instance's rate-limiter resources, in the order the instances were created."""
+        needs = []
+        for group in self.config.instance_group:
+            for index in range(group.count):
+                device = group.gpus[index % len(group.gpus)] if group.gpus else 0
+                resources = tuple(
+                    ((r.name, GLOBAL_DEVICE if getattr(r, "global") else device), r.count)
+                    for r in group.rate_limiter.resources
+                )
+                needs.append(Needs(resources, group.rate_limiter.priority))
+        return needs
 
     def acquire(self) -> None:
         """Count a request in flight; `stop` waits for the count to reach zero."""
