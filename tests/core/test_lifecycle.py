@@ -274,3 +274,34 @@ def test_stop_all_unloads_everything(manager: ModelManager) -> None:
     manager.load("m")
     manager.stop_all(1.0)
     assert manager.loaded() == []
+
+
+# ----------------------------------------------------------------------------- instance-count updates
+
+_IDENTITY = """
+backend: "identity"
+max_batch_size: {mbs}
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+"""
+
+
+def _identity_config(repo: Path, count: int, mbs: int = 4) -> None:
+    config = repo / "idm" / "config.pbtxt"
+    config.write_text(_IDENTITY.format(count=count, mbs=mbs))
+
+
+def test_an_instance_count_change_keeps_the_backend_model(repo: Path, manager: ModelManager) -> None:
+    write_model(repo, "idm", _IDENTITY.format(count=1, mbs=4), {1: lambda path: None})
+    manager.load("idm")
+    before = manager.get("idm", None)
+    _identity_config(repo, count=3)
+    manager.load("idm")
+    after = manager.get("idm", None)
+    assert after is not before and after.model is before.model  # not reloaded from disk
+    assert [g.count for g in after.config.instance_group] == [3]
+    assert after.owns_model and not before.owns_model
+    _identity_config(repo, count=3, mbs=8)  # any other change reloads the model
+    manager.load("idm")
+    assert manager.get("idm", None).model is not after.model

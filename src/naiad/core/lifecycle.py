@@ -171,7 +171,11 @@ class ModelManager:
                 continue
             record.status.setdefault(version, VersionStatus("LOADING"))
             try:
-                loaded = start_version(record.name, version, config, cls, model_dir, version_dir, self.rate_limiter)
+                if current is not None and current.fingerprint == stamp and _only_instances_differ(current, config):
+                    loaded = current.regrouped(config)  # same backend model, new instance groups
+                else:
+                    loaded = start_version(record.name, version, config, cls, model_dir, version_dir,
+                                           self.rate_limiter)
             except Exception as error:  # any failure of a backend is this version's load failure
                 log.warning("failed to load '%s' version %d: %s", record.name, version, error)
                 failures[version] = str(error) or type(error).__name__
@@ -182,6 +186,9 @@ class ModelManager:
 
     def _switch(self, record: ModelRecord, started: dict[int, LoadedVersion]) -> None:
         replaced = [v for n, v in record.serving.items() if started.get(n) is not v]
+        for old in replaced:
+            if old.version in started:
+                old.hand_model_to(started[old.version])
         with self._route_lock:
             self._routes[record.name] = (dict(started), started[max(started)])
         record.serving = started
@@ -304,6 +311,16 @@ def _index_entry(name: str, version: str, state: str, reason: str) -> dict[str, 
     if reason:
         entry["reason"] = reason
     return entry
+
+
+def _only_instances_differ(current: LoadedVersion, config: mc.ModelConfig) -> bool:
+    """A config change that touches instance_group alone is applied without reloading the model."""
+    before, after = mc.ModelConfig(), mc.ModelConfig()
+    before.CopyFrom(current.config)
+    after.CopyFrom(config)
+    before.ClearField("instance_group")
+    after.ClearField("instance_group")
+    return before == after
 
 
 def _check_name(name: str) -> None:

@@ -48,6 +48,20 @@ class LoadedVersion:
         self._inflight = 0
         self._idle = threading.Condition()
         self.fingerprint: object = None  # of the version directory, to skip unchanged reloads
+        self.owns_model = True  # whether stop() closes the backend model (see regrouped)
+
+    def regrouped(self, config: mc.ModelConfig) -> LoadedVersion:
+        """A started copy with `config`'s instance groups that shares this version's backend model
+        (nothing is reloaded from disk). It owns the model only once it replaces this one."""
+        successor = LoadedVersion(self.name, self.version, config, self.model, self.model_dir, self.rate_limiter)
+        successor.owns_model = False
+        successor.start()
+        successor.fingerprint = self.fingerprint
+        return successor
+
+    def hand_model_to(self, successor: LoadedVersion) -> None:
+        if successor.model is self.model:
+            self.owns_model, successor.owns_model = False, True
 
     def start(self) -> None:
         """Create every instance, warm each up, then start scheduling; on failure release them all."""
@@ -131,7 +145,8 @@ class LoadedVersion:
                         self.name, self.version, self._inflight)
             return
         self._close_instances()
-        self.model.close()
+        if self.owns_model:
+            self.model.close()
 
     def _close_instances(self) -> None:
         for instance in self._instances:
