@@ -244,3 +244,19 @@ def test_stop_runs_what_is_queued_without_waiting_for_the_delay():
     batcher.submit(_job("a"))
     batcher.stop()
     assert instance.batches == [["a"]]
+
+
+def test_preserve_ordering_does_not_wait_for_a_cancelled_request():
+    delivered: list[str] = []
+    instance = Instance()
+    batcher = DynamicBatcher([instance], BatcherSettings(max_batch_size=8, preserve_ordering=True),
+                             lambda job, error: None)
+    batcher.start()
+    _busy(batcher, instance)
+    gone, kept = _job("gone", size=8, sink=delivered.append), _job("kept", size=8, sink=delivered.append)
+    batcher.submit(gone)
+    batcher.submit(kept)
+    gone.cancelled = True
+    instance.release()
+    batcher.stop()
+    assert delivered == ["kept"]

@@ -142,6 +142,8 @@ class DynamicBatcher(Scheduler):
                     self._wakeup.wait(wait_ns / 1e9)
         finally:
             for job, error in dropped:
+                if error is None and self._ordering is not None:
+                    self._ordering.skip(job)  # no answer will come: later ones must not wait for it
                 self._drop(job, error)
 
     def _in_order(self) -> Iterator[Job]:
@@ -237,7 +239,12 @@ class _InOrder:
         def ordered(response: object) -> None:
             self._deliver(number, lambda: sink(response))  # type: ignore[arg-type]
 
+        ordered.number = number  # type: ignore[attr-defined]
         job.sink = ordered  # type: ignore[assignment]
+
+    def skip(self, job: Job) -> None:
+        """A job that will never be answered gives up its turn."""
+        self._deliver(job.sink.number, lambda: None)  # type: ignore[attr-defined]
 
     def _deliver(self, number: int, send: Callable[[], None]) -> None:
         with self._lock:
