@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ MODELS = {
     "overflow": ("400", "default_queue_policy { max_queue_size: 1 }"),
     "timeout": ("400", "default_queue_policy { default_timeout_microseconds: 100000 }"),
     "override": ("400", "default_queue_policy { allow_timeout_override: true }"),
+    "cancel": ("400", ""),
 }
 
 
@@ -131,3 +134,23 @@ def test_rate_limiter_lets_only_one_of_two_instances_run_at_a_time(tmp_path: Pat
     assert not any(isinstance(r, Exception) for r in results), results
     assert time.monotonic() - start >= 0.6  # two 300 ms executions, one after the other
     assert _batches(server.url, "limited") == {1: 2}
+
+
+def test_a_client_that_disconnects_takes_its_queued_request_out_of_the_queue(server: Any) -> None:
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [8, 4], "data": [0.0] * 32}]})
+    request = (f"POST /v2/models/cancel/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+               f"{body}").encode()
+    host, port = server.url.rsplit(":", 1)
+
+    def send_and_leave() -> None:
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(request)
+            time.sleep(0.1)  # queued behind the running request by now
+
+    results = in_threads(lambda: _infer(server.url, "cancel", 8), send_and_leave)
+    assert not isinstance(results[0], Exception), results
+    _infer(server.url, "cancel", 8)  # queued after anything still waiting, so it finishes last
+    with httpclient.InferenceServerClient(server.url) as client:
+        stats = client.get_inference_statistics("cancel")["model_stats"][0]
+    assert stats["execution_count"] == 2  # the abandoned request never ran
+    assert stats["inference_stats"]["fail"]["count"] == 1

@@ -14,9 +14,11 @@ from naiad.config.model_config import config_from_json, config_to_json
 from naiad.config.options import ServerOptions
 from naiad.core.lifecycle import ModelManager
 from naiad.core.model import LoadedVersion
+from naiad.core.shared_memory import Region as Region  # re-exported: frontends reach the core here
+from naiad.core.shared_memory import SharedMemoryRegistry
 from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable, Unsupported
 from naiad.observability.logs import LogSettings
-from naiad.scheduling.base import Sink
+from naiad.scheduling.base import Job, Sink
 from naiad.types import InferRequest, InferResponse, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ EXTENSIONS = [
     "model_repository",
     "model_repository(unload_dependents)",
     "model_configuration",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
@@ -40,6 +43,7 @@ class InferenceServer:
         self.options = options
         self.models = ModelManager(options)
         self.logging = log_settings or LogSettings()
+        self.shared_memory = SharedMemoryRegistry(options.allow_client_shm)
         self.stopping = False
         self.started = False
         self.inflight = 0  # inference requests being served; shutdown drains them (event loop only)
@@ -70,6 +74,7 @@ class InferenceServer:
         """Unload every model, waiting at most `timeout` seconds (--exit-timeout-secs by default)."""
         self.stopping = True
         self.models.stop_all(self.options.exit_timeout_secs if timeout is None else timeout)
+        self.shared_memory.close()
 
     # -- health and metadata -----------------------------------------------------------------
 
@@ -125,8 +130,12 @@ class InferenceServer:
             def sink(response: InferResponse) -> None:
                 loop.call_soon_threadsafe(_resolve, future, response)
 
-            self._submit(request, sink, decoupled_error)
-            return await future
+            job = self._submit(request, sink, decoupled_error)
+            try:
+                return await future
+            except asyncio.CancelledError:
+                job.cancelled = True  # the client went away: a queued job leaves the queue
+                raise
         finally:
             self.inflight -= 1
 
@@ -141,24 +150,28 @@ class InferenceServer:
             def sink(response: InferResponse) -> None:
                 loop.call_soon_threadsafe(queue.put_nowait, response)
 
-            self._submit(request, sink, None)
-            while True:
-                response = await queue.get()
-                yield response
-                if response.final:
-                    return
+            job = self._submit(request, sink, None)
+            try:
+                while True:
+                    response = await queue.get()
+                    yield response
+                    if response.final:
+                        return
+            except (asyncio.CancelledError, GeneratorExit):
+                job.cancelled = True
+                raise
         finally:
             self.inflight -= 1
 
     def is_decoupled(self, name: str, version: int | None) -> bool:
         return self.models.get(name, version).decoupled
 
-    def _submit(self, request: InferRequest, sink: Sink, decoupled_error: str | None) -> None:
+    def _submit(self, request: InferRequest, sink: Sink, decoupled_error: str | None) -> Job:
         loaded = self.models.acquire(request.model_name, request.model_version)
         try:
             if decoupled_error is not None and loaded.decoupled:
                 raise Unsupported(decoupled_error)
-            loaded.submit(request, sink)
+            return loaded.submit(request, sink)
         except BaseException as error:
             loaded.release()
             if isinstance(error, NaiadError):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from naiad.errors import InvalidArgument
+from naiad.errors import InvalidArgument, Status
 from naiad.frontends.http.codec import (
     decode_infer_request,
     decode_raw_request,
@@ -436,15 +436,56 @@ def test_decode_bad_binary_data_size() -> None:
     )
 
 
-def test_decode_shared_memory_not_supported_yet() -> None:
-    item = _input(parameters={"shared_memory_region": "r", "shared_memory_byte_size": 8})
+def test_decode_shared_memory_input_is_a_placeholder_for_resolve_inputs() -> None:
+    client_input = httpclient.InferInput("INPUT0", [2, 3], "INT32").set_shared_memory("r", 24, offset=8)
+    output = httpclient.InferRequestedOutput("OUT")
+    output.set_shared_memory("o", 64)
+    request = _decode(_client_body([client_input], [output])[0])
+    (tensor,) = request.inputs
+    assert (tensor.datatype, tensor.shape, tensor.data.size) == (DataType.INT32, (2, 3), 0)
+    assert tensor.parameters == {"shared_memory_region": "r", "shared_memory_byte_size": 24,
+                                 "shared_memory_offset": 8}
+    assert request.outputs == [RequestedOutput("OUT", {"binary_data": False, "shared_memory_region": "o",
+                                                       "shared_memory_byte_size": 64})]
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"shared_memory_region": 5}, "Unable to parse 'shared_memory_region': attempt to access JSON non-string as "
+                                      "string"),
+        ({"shared_memory_region": "r", "shared_memory_offset": -1},
+         "Unable to parse 'shared_memory_offset': attempt to access JSON non-unsigned-integer as unsigned-integer"),
+        ({"shared_memory_region": "r", "shared_memory_byte_size": "8"},
+         "Unable to parse 'shared_memory_byte_size': attempt to access JSON non-unsigned-integer as unsigned-integer"),
+    ],
+)
+def test_decode_shared_memory_parameter_types_answer_500_like_triton(parameters: dict, message: str) -> None:
+    for body in ({"inputs": [_input(parameters=parameters)]},
+                 {"inputs": [_input()], "outputs": [{"name": "OUT", "parameters": parameters}]}):
+        with pytest.raises(InvalidArgument) as info:
+            _decode(body)
+        assert (info.value.message, info.value.status) == (message, Status.INTERNAL)
+
+
+def test_decode_shared_memory_input_must_not_carry_data() -> None:
+    item = _input(parameters={"shared_memory_region": "r", "shared_memory_byte_size": 8}, data=[1.0, 2.0])
     assert _error({"inputs": [item]}) == (
-        "input 'INPUT0' is in a shared memory region, but system shared memory is not supported yet"
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+        "'shared_memory_region' in 'parameters'. But set 'data' 'shared_memory_region'"
     )
-    output = {"name": "OUT", "parameters": {"shared_memory_region": "r"}}
-    assert _error({"inputs": [_input()], "outputs": [output]}) == (
-        "output 'OUT' is in a shared memory region, but system shared memory is not supported yet"
-    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"classification": 2}, "Output can't set both 'shared_memory_region' and 'classification'"),
+        ({"binary_data": True}, "Output can't set both 'shared_memory_region' and 'binary_data'"),
+    ],
+)
+def test_decode_shared_memory_output_conflicts(extra: dict, message: str) -> None:
+    output = {"name": "OUT", "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8, **extra}}
+    assert _error({"inputs": [_input()], "outputs": [output]}) == message
 
 
 @pytest.mark.parametrize(
@@ -719,3 +760,30 @@ def test_encode_error() -> None:
 def test_decode_header_length_equal_to_body_is_all_json() -> None:
     body = json.dumps({"inputs": [_input()]}).encode()
     assert _decode(body, len(body)).inputs[0].data.tolist() == [1.0, 2.0]
+
+
+def test_encode_outputs_in_shared_memory_carry_no_data_and_no_parameters() -> None:
+    written = Tensor("OUT0", DataType.FP32, (1, 4), np.arange(4, dtype=np.float32))
+    binary = Tensor("OUT1", DataType.INT32, (2,), np.array([7, 8], dtype=np.int32))
+    plain = Tensor("OUT2", DataType.INT32, (1,), np.array([9], dtype=np.int32))
+    request = InferRequest("m", None, [], [
+        RequestedOutput("OUT0", {"binary_data": False, "shared_memory_region": "r", "shared_memory_byte_size": 16}),
+        RequestedOutput("OUT1", {"binary_data": True}),
+        RequestedOutput("OUT2"),
+    ])
+    body, json_length = encode_infer_response(_response(written, binary, plain), request, {"OUT0"})
+    assert json_length is not None
+    assert json.loads(body[:json_length])["outputs"] == [
+        {"name": "OUT0", "datatype": "FP32", "shape": [1, 4]},
+        {"name": "OUT1", "datatype": "INT32", "shape": [2], "parameters": {"binary_data_size": 8}},
+        {"name": "OUT2", "datatype": "INT32", "shape": [1], "data": [9]},
+    ]
+    assert body[json_length:] == np.array([7, 8], dtype=np.int32).tobytes()
+
+
+def test_encode_only_shared_memory_outputs_is_plain_json() -> None:
+    written = Tensor("OUT0", DataType.BYTES, (1,), np.array([b"\xff"], dtype=object))
+    request = InferRequest("m", None, [], [RequestedOutput("OUT0", {"shared_memory_region": "r"})])
+    body, json_length = encode_infer_response(_response(written), request, {"OUT0"})
+    assert json_length is None
+    assert json.loads(body)["outputs"] == [{"name": "OUT0", "datatype": "BYTES", "shape": [1]}]

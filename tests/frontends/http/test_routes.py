@@ -20,6 +20,15 @@ from naiad.frontends.http.routes import Route, match
         ("/v2/repository/models/simple/load", Route("load", "simple")),
         ("/v2/repository/models/simple/unload", Route("unload", "simple")),
         ("/v2/logging", Route("logging")),
+        ("/v2/systemsharedmemory/status", Route("shm_status")),
+        ("/v2/systemsharedmemory/region/in0/status", Route("shm_status", region="in0")),
+        ("/v2/systemsharedmemory/region/in0/register", Route("shm_register", region="in0")),
+        ("/v2/systemsharedmemory/register", Route("shm_register")),
+        ("/v2/systemsharedmemory/unregister", Route("shm_unregister")),
+        ("/v2/systemsharedmemory/region/in0/unregister", Route("shm_unregister", region="in0")),
+        ("/v2/cudasharedmemory/status", Route("cuda_status")),
+        ("/v2/cudasharedmemory/region/c/register", Route("cuda_register", region="c")),
+        ("/v2/cudasharedmemory/region/c/unregister", Route("cuda_unregister", region="c")),
     ],
 )
 def test_known_paths(path, route):
@@ -27,7 +36,10 @@ def test_known_paths(path, route):
 
 
 @pytest.mark.parametrize(
-    "path", ["/", "/v1/models/x", "/v2/models/simple/versions/abc", "/v2/models/simple/explode", "/v2/models"]
+    "path",
+    ["/", "/v1/models/x", "/v2/models/simple/versions/abc", "/v2/models/simple/explode", "/v2/models",
+     "/v2/systemsharedmemory", "/v2/systemsharedmemory/region/a/b/status", "/v2/systemsharedmemory/region//status",
+     "/v2/systemsharedmemory/region/a/delete"],
 )
 def test_unknown_paths(path):
     assert match(path) is None

@@ -2,13 +2,16 @@
 
 Pure functions, no server. Error texts follow Triton's http_server.cc / core where known, so
 clients that match on them keep working; every decode error is an InvalidArgument (400),
-except a shape dim that is not an unsigned integer, which Triton answers with 500.
+except a shape dim or a shared-memory parameter of the wrong JSON type, which Triton answers
+with 500. Inputs in shared memory decode to empty placeholders that
+`frontends.shared_memory.resolve_inputs` fills.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from typing import Any, NamedTuple
 
 import msgspec
@@ -45,6 +48,9 @@ _NOT_BOOL = "attempt to access JSON non-boolean as boolean"
 _NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
 _NOT_INT = "attempt to access JSON non-signed-integer as signed-integer"
 _NOT_NUMBER = "attempt to access JSON non-number as double"
+_SHM_REGION = "shared_memory_region"
+_SHM_OFFSET = "shared_memory_offset"
+_SHM_BYTE_SIZE = "shared_memory_byte_size"
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -250,11 +256,21 @@ def _input_data(head: _InputHead, item: dict[str, Any], body: _Body) -> np.ndarr
     if size is not _MISSING:
         raw = _take(head, size, body)
         return tensor_from_raw(head.name, head.datatype, head.shape, raw, body.model_name, count=head.count)
-    if "shared_memory_region" in head.parameters:
-        raise InvalidArgument(
-            f"input '{head.name}' is in a shared memory region, but system shared memory is not supported yet"
-        )
+    if _SHM_REGION in head.parameters:
+        _check_shm_parameters(head.parameters)
+        # A placeholder: frontends.shared_memory.resolve_inputs reads the data from the region.
+        return np.empty(0, dtype=head.datatype.numpy)
     return _json_tensor(head, item["data"])
+
+
+def _check_shm_parameters(parameters: dict[str, Any]) -> None:
+    """Triton's HTTP frontend reads these JSON values first, and answers 500 when one has the wrong
+    type; the shared-memory helpers check everything else."""
+    if not isinstance(parameters[_SHM_REGION], str):
+        raise InvalidArgument(f"Unable to parse '{_SHM_REGION}': {_NOT_STRING}", Status.INTERNAL)
+    for key in (_SHM_OFFSET, _SHM_BYTE_SIZE):
+        if key in parameters and not _is_uint(parameters[key]):
+            raise InvalidArgument(f"Unable to parse '{key}': {_NOT_UINT}", Status.INTERNAL)
 
 
 def _take(head: _InputHead, size: Any, body: _Body) -> memoryview:
@@ -406,19 +422,27 @@ def _decode_outputs(header: dict[str, Any]) -> list[RequestedOutput] | None:
 
 
 def _decode_output(item: dict[str, Any]) -> RequestedOutput:
-    name = _member_str(item, "name")
     parameters = item.get("parameters")
+    if isinstance(parameters, dict) and _SHM_REGION in parameters:
+        _check_shm_output(parameters)
+    name = _member_str(item, "name")
     if not isinstance(parameters, dict):
         return RequestedOutput(name)
     if "classification" in parameters and not _is_uint(parameters["classification"]):
         raise InvalidArgument(f"Unable to set 'classification': {_NOT_UINT}")
-    if "shared_memory_region" in parameters:
-        raise InvalidArgument(
-            f"output '{name}' is in a shared memory region, but system shared memory is not supported yet"
-        )
+    if _SHM_REGION in parameters:
+        _check_shm_parameters(parameters)
     if "binary_data" in parameters and not isinstance(parameters["binary_data"], bool):
         raise InvalidArgument(f"Unable to parse 'binary_data': {_NOT_BOOL}")
     return RequestedOutput(name, parameters)
+
+
+def _check_shm_output(parameters: dict[str, Any]) -> None:
+    """Triton checks these combinations before anything else about the output."""
+    if "classification" in parameters:
+        raise InvalidArgument("Output can't set both 'shared_memory_region' and 'classification'")
+    if parameters.get("binary_data") is True:
+        raise InvalidArgument("Output can't set both 'shared_memory_region' and 'binary_data'")
 
 
 # ------------------------------------------------------------------------------------ raw request
@@ -488,17 +512,24 @@ def _raw_shape(spec: TensorSpec, dims: tuple[int, ...], size: int, batching: boo
 # ---------------------------------------------------------------------------------------- encode
 
 
-def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
+def encode_infer_response(
+    response: InferResponse, request: InferRequest, in_shared_memory: Collection[str] = ()
+) -> tuple[bytes, int | None]:
     """Encode a successful response as (body, json_header_length or None when all-JSON).
 
     An output is binary when its requested output says `binary_data: true`; when the request
     listed no outputs, the request parameter `binary_data_output` decides for all of them.
+    Outputs named in `in_shared_memory` were written to shared memory: they carry no data.
     Callers handle `response.error` themselves before calling this.
     """
     binary_default = request.outputs is None and request.parameters.get("binary_data_output") is True
     requested = {o.name: o.parameters.get("binary_data") is True for o in request.outputs or ()}
     blobs: list[bytes | memoryview] = []
-    outputs = [_encode_output(tensor, requested.get(tensor.name, binary_default), blobs) for tensor in response.outputs]
+    outputs = [
+        _shm_output(tensor) if tensor.name in in_shared_memory
+        else _encode_output(tensor, requested.get(tensor.name, binary_default), blobs)
+        for tensor in response.outputs
+    ]
     document: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id:
         document["id"] = response.id
@@ -512,6 +543,11 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)
+
+
+def _shm_output(tensor: Tensor) -> dict[str, Any]:
+    """An output written to shared memory: its metadata only (Triton adds no parameters)."""
+    return {"name": tensor.name, "datatype": tensor.datatype.value, "shape": tensor.shape}
 
 
 def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]) -> dict[str, Any]:

@@ -6,16 +6,18 @@ import asyncio
 import base64
 import binascii
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import msgspec
 
-from naiad.core.server import InferenceServer
-from naiad.errors import InvalidArgument, NaiadError
+from naiad.core.server import InferenceServer, Region
+from naiad.errors import InternalError, InvalidArgument, NaiadError
+from naiad.frontends import shared_memory as shm
 from naiad.frontends.http.codec import decode_infer_request, decode_raw_request, encode_infer_response
 from naiad.frontends.http.reply import Reply, json_reply
 from naiad.frontends.http.routes import Route
+from naiad.types import InferRequest, InferResponse
 
 Headers = dict[bytes, bytes]
 _DECOUPLED_ERROR = "HTTP end point doesn't support models with decoupled transaction policy"
@@ -81,11 +83,33 @@ async def model_infer(server: InferenceServer, route: Route, body: bytes, header
     else:
         request = decode_infer_request(body, header_length, model, route.version)
     forward_headers(request.parameters, headers, server.options.http_header_forward_pattern)
+    if shm.uses_shared_memory(request):
+        return await _infer_shared_memory(server, request)
+    return _infer_reply(await _infer(server, request), request)
+
+
+async def _infer(server: InferenceServer, request: InferRequest) -> InferResponse:
     response = await server.infer(request, _DECOUPLED_ERROR)
     if response.error is not None:
         error = response.error
         raise error if isinstance(error, NaiadError) else NaiadError(str(error))
-    out, json_length = encode_infer_response(response, request)
+    return response
+
+
+async def _infer_shared_memory(server: InferenceServer, request: InferRequest) -> Reply:
+    """Inputs read from and outputs written to registered regions, which stay mapped until the
+    response is written even if a client unregisters them meanwhile."""
+    registry = server.shared_memory
+    with registry.hold(shm.region_names(request)):
+        shm.resolve_inputs(request, registry)
+        shm.check_outputs(request, registry)
+        response = await _infer(server, request)
+        written = shm.write_outputs(request, response, registry)
+    return _infer_reply(response, request, written)
+
+
+def _infer_reply(response: InferResponse, request: InferRequest, in_shared_memory: Collection[str] = ()) -> Reply:
+    out, json_length = encode_infer_response(response, request, in_shared_memory)
     if json_length is None:
         return _reply(200, out)
     return _reply(200, out, b"application/octet-stream",
@@ -156,6 +180,68 @@ def _base64(key: str, value: Any) -> bytes:
         raise InvalidArgument(f"unable to decode base64 content of '{key}'") from None
 
 
+# --------------------------------------------------------------------------------- shared memory
+
+
+async def shm_status(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _json([_region_json(region) for region in server.shared_memory.status(route.region)])
+
+
+async def shm_register(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    if route.region is None:
+        raise InvalidArgument("'region name' is necessary to register system shared memory region")
+    key, offset, byte_size = _register_request(_parse_json(body))
+    server.shared_memory.register(route.region, key, offset, byte_size)
+    return _reply(200)
+
+
+async def shm_unregister(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    server.shared_memory.unregister(route.region)
+    return _reply(200)
+
+
+def _register_request(request: Any) -> tuple[str, int, int]:
+    """(key, offset, byte_size) of a register body, with Triton's texts (its JSON reader's type
+    errors are INTERNAL, so 500)."""
+    request = request if isinstance(request, dict) else {}
+    if "key" not in request:
+        raise InvalidArgument("Shared memory register request has no 'key' field")
+    key = request["key"]
+    if not isinstance(key, str):
+        raise InternalError("attempt to access JSON non-string as string")
+    offset = _register_uint(request.get("offset", 0))
+    if "byte_size" not in request:
+        raise InvalidArgument("Shared memory register request has no 'byte_size' field")
+    return key, offset, _register_uint(request["byte_size"])
+
+
+def _register_uint(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < 2**64:
+        raise InternalError("attempt to access JSON non-unsigned-integer as unsigned-integer")
+    return value
+
+
+def _region_json(region: Region) -> dict[str, Any]:
+    return {"name": region.name, "key": region.key, "offset": region.offset, "byte_size": region.byte_size}
+
+
+async def cuda_status(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _json(shm.cuda_status(server.shared_memory, route.region))
+
+
+async def cuda_register(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    if route.region is None:
+        raise InvalidArgument("'region name' is necessary to register cuda shared memory region")
+    raise shm.cuda_register_error(route.region)
+
+
+async def cuda_unregister(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _reply(200)  # no CUDA region can have been registered
+
+
+# --------------------------------------------------------------------------------------- logging
+
+
 async def get_logging(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
     return _json(server.logging.get())
 
@@ -182,4 +268,10 @@ HANDLERS: dict[tuple[str, str], Handler] = {
     ("unload", "POST"): unload,
     ("logging", "GET"): get_logging,
     ("logging", "POST"): post_logging,
+    ("shm_status", "GET"): shm_status,
+    ("shm_register", "POST"): shm_register,
+    ("shm_unregister", "POST"): shm_unregister,
+    ("cuda_status", "GET"): cuda_status,
+    ("cuda_register", "POST"): cuda_register,
+    ("cuda_unregister", "POST"): cuda_unregister,
 }

@@ -11,11 +11,16 @@ class Route:
     action: str
     model: str | None = None
     version: int | None = None
+    region: str | None = None  # shared-memory routes: the region named in the path
 
 
 _MODEL = re.compile(
     r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
     r"(?:/(?P<action>infer|ready|config|stats))?$"
+)
+# Actions: shm_status, shm_register, shm_unregister (system) and cuda_status, ... (CUDA).
+_SHARED_MEMORY = re.compile(
+    r"^/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/(?P<action>status|register|unregister)$"
 )
 _REPOSITORY = re.compile(r"^/v2/repository(?:/[^/]+)?/models/(?P<model>[^/]+)/(?P<action>load|unload)$")
 _FIXED = {
@@ -45,6 +50,10 @@ def match(path: str) -> Route | None:
     found = _REPOSITORY.match(path)
     if found is not None:
         return Route(found["action"], found["model"])
+    found = _SHARED_MEMORY.match(path)
+    if found is not None:
+        prefix = "shm_" if found["kind"] == "system" else "cuda_"
+        return Route(prefix + found["action"], region=found["region"])
     if path.startswith("/v2/repository/") and path.endswith("/index"):
         return Route("index")
     return None

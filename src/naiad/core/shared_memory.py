@@ -1,0 +1,277 @@
+"""System shared memory regions that clients register (Triton's system shared-memory extension).
+
+A region is a window `[offset, offset + byte_size)` of a POSIX shared-memory object (the `key`,
+e.g. "/input0", which lives at /dev/shm/input0 on Linux), mapped read-write. Frontends read
+input tensors from regions and write output tensors into them; error texts are Triton's
+(shared_memory_manager.cc) so clients that match on them keep working.
+
+Safety rules, because a bad mapping can kill the whole server with SIGBUS or a dangling pointer:
+reads return copies, writes look the region up at write time, every access is bounds-checked
+against the registered window and against the object's current size, and a region that requests
+still hold (see `hold`) is only unmapped once the last of them lets go.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from naiad.errors import AlreadyExists, InternalError, InvalidArgument, NaiadError, NotFound, Unavailable
+
+UINT64_MAX = 2**64 - 1
+SHM_DIR = "/dev/shm"
+# Keys Triton keeps for its Python backend's own regions (kTritonSharedMemoryRegionPrefix).
+RESERVED_PREFIX = "triton_python_backend_shm_region_"
+DISABLED_ERROR = (
+    "Client shared memory is disabled: start the server with --allow-client-shm=true to register "
+    "or use system shared memory regions"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A registered region as status reports it."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+class _Mapping:
+    """One registered region: its file, its mapping and who holds it."""
+
+    __slots__ = ("closed", "doomed", "fd", "lock", "mm", "region", "start", "users")
+
+    def __init__(self, region: Region, fd: int, mm: mmap.mmap | None, start: int) -> None:
+        self.region = region
+        self.fd = fd
+        self.mm = mm
+        self.start = start  # where the window begins inside `mm` (mmap offsets are page-aligned)
+        self.users = 0
+        self.doomed = False
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def read(self, offset: int, byte_size: int) -> bytes:
+        with self.lock:
+            self._check_open(offset + byte_size)
+            if byte_size == 0:
+                return b""
+            assert self.mm is not None  # a window of size > 0 is always mapped
+            begin = self.start + offset
+            return self.mm[begin:begin + byte_size]
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        size = memoryview(data).nbytes
+        with self.lock:
+            self._check_open(offset + size)
+            if size == 0:
+                return
+            assert self.mm is not None
+            begin = self.start + offset
+            self.mm[begin:begin + size] = memoryview(data).cast("B")
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self.mm is not None:
+                self.mm.close()
+            os.close(self.fd)
+
+    def _check_open(self, end: int) -> None:
+        """Refuse access to a closed mapping, or one whose object shrank under it: touching
+        mapped pages past the end of the object raises SIGBUS, which would kill the server."""
+        if self.closed:
+            raise NotFound(f"Unable to find shared memory region: '{self.region.name}'")
+        if _object_size(self.fd) < self.region.offset + end:
+            raise InvalidArgument(f"Invalid shared memory region: '{self.region.key}'")
+
+
+class SharedMemoryRegistry:
+    """The system shared-memory regions clients registered, by name; safe to use from any thread.
+
+    With `enabled` False (the default of --allow-client-shm), registering, unregistering and
+    reading or writing regions fail with DISABLED_ERROR; status lists nothing.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self._mappings: dict[str, _Mapping] = {}
+
+    # -- registration ------------------------------------------------------------------------
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Map `byte_size` bytes at `offset` of the shared-memory object `key` as region `name`.
+
+        Errors (Triton's): AlreadyExists for a name in use, InternalError (HTTP 500) when the
+        key cannot be opened, InvalidArgument when the window is negative or past the object's end.
+        """
+        self.require_enabled()
+        _check_key(name, key)
+        with self._lock:
+            if name in self._mappings:
+                raise AlreadyExists(f"shared memory region '{name}' already in manager")
+            self._mappings[name] = _map(Region(name, key, offset, byte_size))
+
+    def unregister(self, name: str | None = None) -> None:
+        """Forget region `name` (None: every region). An unknown name is not an error, as in
+        Triton. A region that in-flight requests hold stays usable and listed until they finish."""
+        self.require_enabled()
+        with self._lock:
+            names = list(self._mappings) if name is None else [name]
+            for each in names:
+                mapping = self._mappings.get(each)
+                if mapping is None:
+                    continue
+                mapping.doomed = True
+                if mapping.users == 0:
+                    del self._mappings[each]
+                    mapping.close()
+
+    def status(self, name: str | None = None) -> list[Region]:
+        """Every region (None) or the one named; NotFound for an unknown name."""
+        with self._lock:
+            if name is None:
+                return [m.region for m in self._mappings.values()]
+            mapping = self._mappings.get(name)
+        if mapping is None:
+            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+        return [mapping.region]
+
+    def close(self) -> None:
+        """Unmap every region, held or not (server shutdown); later accesses fail cleanly."""
+        with self._lock:
+            mappings = list(self._mappings.values())
+            self._mappings.clear()
+        for mapping in mappings:
+            mapping.close()
+
+    # -- data --------------------------------------------------------------------------------
+
+    def read(self, name: str, offset: int, byte_size: int) -> bytes:
+        """A copy of `byte_size` bytes at `offset` inside region `name` (bounds-checked)."""
+        mapping = self._window(name, offset, byte_size)
+        return mapping.read(offset, byte_size)
+
+    def write(self, name: str, offset: int, data: bytes | memoryview) -> None:
+        """Copy `data` into region `name` at `offset` (bounds-checked)."""
+        mapping = self._window(name, offset, memoryview(data).nbytes)
+        mapping.write(offset, data)
+
+    def check(self, name: str, offset: int, byte_size: int) -> None:
+        """Raise Triton's error when `[offset, offset + byte_size)` is not inside region `name`."""
+        self._window(name, offset, byte_size)
+
+    @contextmanager
+    def hold(self, names: Iterable[str]) -> Iterator[None]:
+        """Keep the named regions (those registered) mapped while the block runs, even if a
+        client unregisters them meanwhile; an unregister then takes effect when the block ends."""
+        held = self._acquire(set(names))
+        try:
+            yield
+        finally:
+            self._release(held)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def require_enabled(self) -> None:
+        """Raise DISABLED_ERROR (UNAVAILABLE) unless clients may use shared memory."""
+        if not self.enabled:
+            raise Unavailable(DISABLED_ERROR)
+
+    def _window(self, name: str, offset: int, byte_size: int) -> _Mapping:
+        self.require_enabled()
+        with self._lock:
+            mapping = self._mappings.get(name)
+        if mapping is None:
+            raise NotFound(f"Unable to find shared memory region: '{name}'")
+        _check_window(mapping.region, offset, byte_size)
+        return mapping
+
+    def _acquire(self, names: set[str]) -> list[_Mapping]:
+        if not self.enabled:
+            return []
+        with self._lock:
+            held = [self._mappings[name] for name in names if name in self._mappings]
+            for mapping in held:
+                mapping.users += 1
+        return held
+
+    def _release(self, held: list[_Mapping]) -> None:
+        with self._lock:
+            for mapping in held:
+                mapping.users -= 1
+                if mapping.doomed and mapping.users == 0 and self._mappings.get(mapping.region.name) is mapping:
+                    del self._mappings[mapping.region.name]
+                    mapping.close()
+
+
+def _check_key(name: str, key: str) -> None:
+    if key.lstrip("/").startswith(RESERVED_PREFIX):
+        raise InvalidArgument(
+            f"cannot register shared memory region '{name}' with key '{key}' as the key contains the "
+            f"reserved prefix '{RESERVED_PREFIX}'"
+        )
+
+
+def _check_window(region: Region, offset: int, byte_size: int) -> None:
+    """Triton's GetMemoryInfo checks, in its order and words."""
+    if offset < 0 or offset >= region.byte_size:
+        raise InvalidArgument(f"Invalid offset for shared memory region: '{region.name}'")
+    if byte_size < 0 or byte_size > UINT64_MAX - offset:
+        raise InvalidArgument(
+            f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) exceeds maximum value "
+            f"({UINT64_MAX}) for region '{region.name}'"
+        )
+    if offset + byte_size > region.byte_size:
+        raise InvalidArgument(f"Invalid offset + byte size for shared memory region: '{region.name}'")
+
+
+def _map(region: Region) -> _Mapping:
+    """Open the region's object and map its window; the caller owns the result."""
+    fd = _open(region.key)
+    try:
+        if region.offset < 0 or region.byte_size < 0 or region.offset + region.byte_size > _object_size(fd):
+            raise InvalidArgument(f"failed to register shared memory region '{region.name}': invalid args")
+        start = region.offset % mmap.ALLOCATIONGRANULARITY
+        length = start + region.byte_size
+        mm = None
+        if region.byte_size > 0:  # mmap refuses empty mappings (length 0 means "the whole file")
+            mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
+                           offset=region.offset - start)
+    except NaiadError:
+        os.close(fd)
+        raise
+    except (OSError, ValueError) as error:
+        os.close(fd)
+        raise InvalidArgument(f"failed to register shared memory region '{region.name}': {error}") from None
+    return _Mapping(region, fd, mm, start)
+
+
+def _open(key: str) -> int:
+    """shm_open(key, O_RDWR) through /dev/shm, refusing names shm_open would (no path tricks)."""
+    name = key[1:] if key.startswith("/") else key
+    error = InternalError(f"Unable to open shared memory region: '{key}'")
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise error
+    try:
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        raise error from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise error
+    return fd
+
+
+def _object_size(fd: int) -> int:
+    return os.fstat(fd).st_size

@@ -1,0 +1,174 @@
+"""Tensors in system shared memory, for every frontend (HTTP and gRPC alike).
+
+A tensor lives in shared memory when its parameters carry `shared_memory_region` (a registered
+region's name), `shared_memory_byte_size` and optionally `shared_memory_offset` (default 0).
+A frontend serving one request does, in this order:
+
+    if uses_shared_memory(request):
+        with registry.hold(region_names(request)):   # unregister waits for this request
+            resolve_inputs(request, registry)         # before server.infer
+            check_outputs(request, registry)
+            response = await server.infer(request)
+            written = write_outputs(request, response, registry)   # when response.error is None
+        # encode the response: outputs in `written` go back without data (no parameters either)
+
+Every function raises NaiadError subclasses carrying Triton's texts; the frontend maps them.
+Integer parameters may be Python ints of either sign: like Triton, which reads them as size_t,
+a negative int64 wraps to a huge unsigned value and fails the bounds checks with Triton's text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from naiad.core.server import SharedMemoryRegistry
+from naiad.errors import InternalError, InvalidArgument, NotFound, Unsupported
+from naiad.frontends.tensors import tensor_from_raw, tensor_to_raw
+from naiad.types import InferRequest, InferResponse
+
+REGION = "shared_memory_region"
+OFFSET = "shared_memory_offset"
+BYTE_SIZE = "shared_memory_byte_size"
+_INT_RANGE = range(-(2**63), 2**64)
+_UINT64 = 2**64
+
+
+@dataclass(frozen=True, slots=True)
+class ShmRef:
+    """Where one tensor lives: `byte_size` bytes at `offset` inside region `region`."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+def shm_ref(tensor_name: str, parameters: Mapping[str, Any]) -> ShmRef | None:
+    """The tensor's shared-memory reference, or None when its parameters name no region.
+
+    InvalidArgument (Triton's gRPC texts) for an offset or size without a region, a region
+    without a size, or values of the wrong type.
+    """
+    if REGION not in parameters:
+        for key in (OFFSET, BYTE_SIZE):
+            if key in parameters:
+                raise InvalidArgument(
+                    f"'{key}' can not be specified without 'shared_memory_region' parameter for tensor '{tensor_name}'"
+                )
+        return None
+    region = parameters[REGION]
+    if not isinstance(region, str):
+        raise InvalidArgument(
+            f"invalid value type for 'shared_memory_region' parameter for tensor '{tensor_name}', "
+            "expected string_param."
+        )
+    if BYTE_SIZE not in parameters:
+        raise InvalidArgument(
+            f"'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter for tensor "
+            f"'{tensor_name}'"
+        )
+    offset = _unsigned(parameters.get(OFFSET, 0), OFFSET, tensor_name)
+    return ShmRef(region, offset, _unsigned(parameters[BYTE_SIZE], BYTE_SIZE, tensor_name))
+
+
+def _unsigned(value: Any, key: str, tensor_name: str) -> int:
+    if type(value) is not int or value not in _INT_RANGE:
+        raise InvalidArgument(
+            f"invalid value type for '{key}' parameter for tensor '{tensor_name}', expected int64_param."
+        )
+    return value % _UINT64  # Triton's size_t view of an int64
+
+
+def uses_shared_memory(request: InferRequest) -> bool:
+    """Whether any input or requested output names a shared-memory region (cheap; call first)."""
+    return any(REGION in t.parameters for t in request.inputs) or any(
+        REGION in o.parameters for o in request.outputs or ()
+    )
+
+
+def region_names(request: InferRequest) -> set[str]:
+    """The regions a request reads or writes, to `registry.hold` while it runs."""
+    parameters = [t.parameters for t in request.inputs] + [o.parameters for o in request.outputs or ()]
+    return {p[REGION] for p in parameters if isinstance(p.get(REGION), str)}
+
+
+def resolve_inputs(request: InferRequest, registry: SharedMemoryRegistry) -> None:
+    """Replace the data of every input that lives in shared memory with a copy read from its
+    region, checked against the input's datatype and shape (BYTES: 4-byte length + bytes each).
+
+    Errors: registry errors (NotFound, InvalidArgument for offsets and sizes, shared memory
+    disabled), then Triton's byte-size texts prefixed with the request id.
+    """
+    for tensor in request.inputs:
+        ref = shm_ref(tensor.name, tensor.parameters)
+        if ref is None:
+            continue
+        raw = registry.read(ref.region, ref.offset, ref.byte_size)
+        try:
+            tensor.data = tensor_from_raw(tensor.name, tensor.datatype, tensor.shape, raw, request.model_name)
+        except InvalidArgument as error:
+            raise InvalidArgument(_request_prefix(request) + error.message) from None
+
+
+def check_outputs(request: InferRequest, registry: SharedMemoryRegistry) -> None:
+    """Check, before inference, that every output asked for in shared memory names a registered
+    region and a window inside it, so a bad request fails before it runs (as in Triton)."""
+    for output in request.outputs or ():
+        ref = shm_ref(output.name, output.parameters)
+        if ref is None:
+            continue
+        if "classification" in output.parameters:
+            raise InvalidArgument("Output can't set both 'shared_memory_region' and 'classification'")
+        registry.check(ref.region, ref.offset, ref.byte_size)
+
+
+def write_outputs(request: InferRequest, response: InferResponse, registry: SharedMemoryRegistry) -> set[str]:
+    """Write every output the request asked for in shared memory into its region; return the
+    names written (encode those without data). Call only for a response without error.
+
+    InternalError (HTTP 500, as Triton) when a region is smaller than its output; nothing is
+    written then. The region is looked up again here, so one unregistered meanwhile (and not
+    held) fails with NotFound instead of being written after it was unmapped.
+    """
+    refs = {o.name: ref for o in request.outputs or () if (ref := shm_ref(o.name, o.parameters)) is not None}
+    if not refs:
+        return set()
+    payloads = {t.name: tensor_to_raw(t.data, t.datatype) for t in response.outputs if t.name in refs}
+    for name, raw in payloads.items():
+        _check_fits(name, refs[name], memoryview(raw).nbytes)
+    for name, raw in payloads.items():
+        registry.write(refs[name].region, refs[name].offset, raw)
+    return set(payloads)
+
+
+def _check_fits(name: str, ref: ShmRef, size: int) -> None:
+    if size > ref.byte_size:
+        raise InternalError(
+            f"shared memory size specified with the request for output '{name}' ({ref.byte_size} bytes) should be "
+            f"at least {size} bytes to hold the results"
+        )
+
+
+def _request_prefix(request: InferRequest) -> str:
+    # The core reports byte-size mismatches; Triton prefixes its messages with the request id.
+    return f"[request id: {request.id or '<id_unknown>'}] "
+
+
+# ---------------------------------------------------------------------------------- CUDA memory
+
+
+def cuda_status(registry: SharedMemoryRegistry, name: str | None) -> list[dict[str, Any]]:
+    """CUDA shared-memory status on a server without GPUs: nothing is registered (Triton's texts
+    for a named region, which may be a system region)."""
+    if name is None:
+        return []
+    if any(region.name == name for region in registry.status()):
+        raise NotFound(f"The region named '{name}' is registered as system shared memory, not CUDA shared memory")
+    raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
+
+
+def cuda_register_error(name: str) -> Unsupported:
+    """The error for registering CUDA shared memory: naiad has no GPU support (Triton's CPU-only
+    build text, with UNSUPPORTED: HTTP 501, gRPC UNIMPLEMENTED)."""
+    return Unsupported(f"failed to register CUDA shared memory region: '{name}', GPUs not supported")
