@@ -52,13 +52,14 @@ class Batch:
     outputs back into per-request slices.
     """
 
-    __slots__ = ("batched", "layout", "requests", "sizes")
+    __slots__ = ("_inputs", "batched", "layout", "requests", "sizes")
 
     def __init__(self, requests: list[InferRequest], batched: bool, layout: RaggedLayout | None = None) -> None:
         self.requests = requests
         self.batched = batched
         self.layout = layout
         self.sizes = [_batch_size(r) for r in requests] if batched else [1] * len(requests)
+        self._inputs: dict[str, np.ndarray] | None = None
 
     @property
     def size(self) -> int:
@@ -66,7 +67,13 @@ class Batch:
         return sum(self.sizes)
 
     def inputs(self) -> dict[str, np.ndarray]:
-        """Input arrays by name, concatenated along dim 0 when several requests batch together."""
+        """Input arrays by name, concatenated along dim 0 when several requests batch together
+        (computed once: the core times it as compute_input before the backend runs)."""
+        if self._inputs is None:
+            self._inputs = self._gather()
+        return self._inputs
+
+    def _gather(self) -> dict[str, np.ndarray]:
         first = self.requests[0]
         if len(self.requests) == 1 and self.layout is None:
             return {t.name: t.data for t in first.inputs}
