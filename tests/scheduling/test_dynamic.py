@@ -260,3 +260,18 @@ def test_preserve_ordering_does_not_wait_for_a_cancelled_request():
     instance.release()
     batcher.stop()
     assert delivered == ["kept"]
+
+
+def test_preserve_ordering_survives_a_rejected_request():
+    delivered: list[str] = []
+    instance = Instance()
+    settings = BatcherSettings(max_batch_size=8, preserve_ordering=True, default_policy=QueuePolicy(max_queue_size=1))
+    batcher = DynamicBatcher([instance], settings, lambda job, error: None)
+    batcher.start()
+    _busy(batcher, instance)
+    batcher.submit(_job("kept", size=8, sink=delivered.append))
+    with pytest.raises(Unavailable):
+        batcher.submit(_job("rejected", size=8, sink=delivered.append))
+    instance.release()
+    batcher.stop()
+    assert delivered == ["kept"]

@@ -89,16 +89,15 @@ class DynamicBatcher(Scheduler):
 
     def submit(self, job: Job) -> None:
         """Queue a job at its priority level; Unavailable when that level's queue is full."""
-        settings = self._settings
-        job.priority = settings.level(job.priority)
-        job.deadline_ns = _deadline(job, settings.policy(job.priority))
-        policy = settings.policy(job.priority)
-        if self._ordering is not None:
-            self._ordering.stamp(job)
+        job.priority = self._settings.level(job.priority)
+        policy = self._settings.policy(job.priority)
+        job.deadline_ns = _deadline(job, policy)
         with self._lock:
             queue = self._queues[job.priority]
             if policy.max_queue_size and len(queue) >= policy.max_queue_size:
                 raise Unavailable("Exceeds maximum queue size")
+            if self._ordering is not None:
+                self._ordering.stamp(job)  # only jobs that will be answered take a turn
             queue.append(job)
             self._wakeup.notify()
 
