@@ -273,5 +273,7 @@ def test_preserve_ordering_survives_a_rejected_request():
     with pytest.raises(Unavailable):
         batcher.submit(_job("rejected", size=8, sink=delivered.append))
     instance.release()
+    instance.wait_batches(2)
+    batcher.submit(_job("later", size=8, sink=delivered.append))  # must not wait for "rejected"
     batcher.stop()
-    assert delivered == ["kept"]
+    assert delivered == ["kept", "later"]
