@@ -20,19 +20,31 @@ EXAMPLES = ROOT / "examples"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports (all bound at once, so never the same twice)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 class ServerProcess:
-    """A `naiad serve` child process on free loopback ports."""
+    """A `naiad serve` child process on free loopback ports: HTTP at `url`, gRPC at `grpc_url`."""
 
     def __init__(self, args: list[str], log_path: Path) -> None:
-        self.http_port = free_port()
+        self.http_port, self.grpc_port = free_ports(2)
         self.url = f"127.0.0.1:{self.http_port}"
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         command = [sys.executable, "-m", "naiad.cli", "serve", "--http-address", "127.0.0.1",
-                   "--http-port", str(self.http_port), *args]
+                   "--http-port", str(self.http_port), "--grpc-address", "127.0.0.1",
+                   "--grpc-port", str(self.grpc_port), *args]
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)

@@ -1,4 +1,4 @@
-"""Run the server: load models, serve HTTP, poll the repository, drain on SIGTERM / Ctrl-C.
+"""Run the server: load models, serve HTTP and gRPC, poll the repository, drain on SIGTERM / Ctrl-C.
 
 Draining follows Triton: on the first stop signal the server turns not-ready but keeps
 answering until in-flight inferences finish or --exit-timeout-secs passes; only then does it
@@ -16,6 +16,7 @@ import time
 from naiad.config.options import ServerOptions
 from naiad.core.server import InferenceServer
 from naiad.errors import NaiadError
+from naiad.frontends.grpc.server import GrpcService
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.service import HttpService
 from naiad.observability.logs import LogSettings
@@ -23,6 +24,8 @@ from naiad.observability.logs import LogSettings
 log = logging.getLogger(__name__)
 
 _DRAIN_TICK_SECS = 0.05
+# After the drain, streams still open (idle, or past the exit timeout) get this long to end.
+_GRPC_STOP_GRACE_SECS = 1.0
 
 
 async def run(options: ServerOptions, log_settings: LogSettings) -> int:
@@ -36,8 +39,14 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
         await loop.run_in_executor(None, server.stop)
         return 1
     http = HttpService(HttpApp(server, options.http_max_input_size), options.http_address, options.http_port)
-    if options.allow_http:
-        await http.start()
+    grpc_service = GrpcService(server, options)
+    try:
+        await _start_frontends(options, http, grpc_service)
+    except NaiadError as error:
+        log.error("%s", error)
+        await http.stop()
+        await loop.run_in_executor(None, server.stop, 0.0)
+        return 1
     poller = asyncio.create_task(_poll(server)) if options.model_control_mode == "poll" else None
     drained = False
     try:
@@ -47,12 +56,20 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
+        await grpc_service.stop(_GRPC_STOP_GRACE_SECS)
         await http.stop()
         if not drained:
             log.warning("Exit timeout expired. Exiting immediately.")
         await loop.run_in_executor(None, server.stop, options.exit_timeout_secs if drained else 0.0)
     log.info("exiting")
     return 0 if drained else 1
+
+
+async def _start_frontends(options: ServerOptions, http: HttpService, grpc_service: GrpcService) -> None:
+    if options.allow_http:
+        await http.start()
+    if options.allow_grpc:
+        await grpc_service.start()
 
 
 async def _wait_for_stop(server: InferenceServer, drain_secs: float) -> bool:

@@ -1,0 +1,80 @@
+"""One inference request through the core, shared by ModelInfer and ModelStreamInfer: decode,
+forward headers, shared memory in and out."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, Protocol
+
+from tritonclient.grpc import service_pb2 as pb
+
+from naiad.core.server import InferenceServer
+from naiad.frontends import shared_memory as shm
+from naiad.frontends.grpc.codec import decode_infer_request
+from naiad.frontends.grpc.status import as_naiad_error
+from naiad.types import InferRequest, InferResponse
+
+DECOUPLED_ERROR = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+_NOTHING: frozenset[str] = frozenset()
+
+Metadata = Iterable[tuple[str, str | bytes]]
+
+
+class HasMetadata(Protocol):
+    def invocation_metadata(self) -> Metadata | None: ...
+
+
+def decode(message: pb.ModelInferRequest, context: HasMetadata, forward_pattern: str) -> InferRequest:
+    """The request, with the client metadata that --grpc-header-forward-pattern selects (read
+    only when a pattern is set)."""
+    request = decode_infer_request(message)
+    if forward_pattern:
+        forward_headers(request.parameters, context.invocation_metadata() or (), forward_pattern)
+    return request
+
+
+def forward_headers(parameters: dict[str, Any], metadata: Metadata, pattern: str) -> None:
+    """Metadata keys matching `pattern` (case-insensitively) become string request parameters;
+    binary (`-bin`) metadata is not text and is never forwarded."""
+    regex = re.compile(pattern, re.IGNORECASE)  # re caches compiled patterns
+    for key, value in metadata:
+        if isinstance(value, str) and regex.search(key):
+            parameters[key] = value
+
+
+async def infer(server: InferenceServer, request: InferRequest) -> tuple[InferResponse, frozenset[str]]:
+    """The one response to a unary request and the outputs written to shared memory; raises
+    the response's error."""
+    if not shm.uses_shared_memory(request):
+        return _checked(await server.infer(request, DECOUPLED_ERROR)), _NOTHING
+    registry = server.shared_memory
+    with registry.hold(shm.region_names(request)):
+        shm.resolve_inputs(request, registry)
+        shm.check_outputs(request, registry)
+        response = _checked(await server.infer(request, DECOUPLED_ERROR))
+        return response, frozenset(shm.write_outputs(request, response, registry))
+
+
+async def stream(server: InferenceServer, request: InferRequest) -> AsyncIterator[tuple[InferResponse, frozenset[str]]]:
+    """Every response to a streamed request (decoupled or not) with its outputs written to
+    shared memory; a response's error stays in the response."""
+    if not shm.uses_shared_memory(request):
+        async for response in server.stream(request):
+            yield response, _NOTHING
+        return
+    registry = server.shared_memory
+    with registry.hold(shm.region_names(request)):
+        shm.resolve_inputs(request, registry)
+        shm.check_outputs(request, registry)
+        async for response in server.stream(request):
+            written = _NOTHING
+            if response.error is None and response.outputs:
+                written = frozenset(shm.write_outputs(request, response, registry))
+            yield response, written
+
+
+def _checked(response: InferResponse) -> InferResponse:
+    if response.error is not None:
+        raise as_naiad_error(response.error)
+    return response

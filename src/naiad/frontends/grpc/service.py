@@ -1,0 +1,190 @@
+"""GRPCInferenceService (Triton's gRPC API) on the core: one coroutine per RPC.
+
+Every RPC answers with the texts the HTTP frontend gives and maps errors to gRPC status codes
+as Triton does (SPEC §1.2, the table is in `status.py`). The servicer runs unchanged on either
+transport (naiad's own HTTP/2, or grpcio's server): it needs only a `CallContext`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from naiad.core.server import InferenceServer
+from naiad.errors import InvalidArgument, NaiadError, Unsupported
+from naiad.frontends import shared_memory as shm
+from naiad.frontends.grpc import infer, messages
+from naiad.frontends.grpc.codec import encode_infer_response
+from naiad.frontends.grpc.context import CallContext, compress
+from naiad.frontends.grpc.parameters import parse_version
+from naiad.frontends.grpc.status import grpc_code
+from naiad.frontends.grpc.stream import StreamSession
+
+log = logging.getLogger(__name__)
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Context = CallContext
+Method = Callable[[Any, Request, Context], Awaitable[Response]]
+
+TRACE_UNSUPPORTED = (
+    "trace settings are not supported yet: tracing arrives with naiad's observability work "
+    "(Triton trace and OpenTelemetry)"
+)
+
+
+def rpc(method: Method[Request, Response]) -> Method[Request, Response]:
+    """Turn a NaiadError into the RPC's gRPC status, and anything else into INTERNAL."""
+
+    @functools.wraps(method)
+    async def call(self: Any, request: Request, context: Context) -> Response:
+        try:
+            return await method(self, request, context)
+        except NaiadError as error:
+            code, message = grpc_code(error.status), error.message
+        except Exception:
+            log.exception("unhandled error in %s", method.__name__)
+            code, message = grpc.StatusCode.INTERNAL, "internal server error"
+        await context.abort(code, message)  # raises: ends the call with the status
+
+    return call
+
+
+class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The servicer: health, metadata, inference, repository, statistics, shared memory, logging."""
+
+    def __init__(self, server: InferenceServer, forward_pattern: str = "",
+                 compression: grpc.Compression | None = None) -> None:
+        self.server = server
+        self.forward_pattern = forward_pattern
+        self.compression = compression  # for inference responses only, as Triton
+
+    # -- health and metadata -----------------------------------------------------------------
+
+    @rpc
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.server.is_live())
+
+    @rpc
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.server.is_ready())
+
+    @rpc
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
+        ready = self.server.model_ready(request.name, parse_version(request.version))
+        return pb.ModelReadyResponse(ready=ready)
+
+    @rpc
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest,
+                             context: Context) -> pb.ServerMetadataResponse:
+        return messages.server_metadata(self.server.metadata())
+
+    @rpc
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
+        return messages.model_metadata(self.server.model_metadata(request.name, parse_version(request.version)))
+
+    @rpc
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
+        return messages.model_config(self.server.model_config(request.name, parse_version(request.version)))
+
+    @rpc
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
+                              context: Context) -> pb.ModelStatisticsResponse:
+        version = parse_version(request.version)
+        return messages.statistics(self.server.statistics(request.name or None, version))
+
+    # -- inference ---------------------------------------------------------------------------
+
+    @rpc
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+        if self.compression is not None:
+            await compress(context, self.compression)
+        decoded = infer.decode(request, context, self.forward_pattern)
+        response, written = await infer.infer(self.server, decoded)
+        return encode_infer_response(response, written)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: Context) -> None:
+        session = StreamSession(self.server, context, self.forward_pattern, self.compression)
+        await session.run(request_iterator)
+
+    # -- model repository --------------------------------------------------------------------
+
+    @rpc
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              context: Context) -> pb.RepositoryIndexResponse:
+        return messages.repository_index(self.server.repository_index(request.ready))
+
+    @rpc
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context: Context) -> pb.RepositoryModelLoadResponse:
+        parameters = messages.repository_parameters(request.parameters)
+        await _blocking(self.server.load_model, request.model_name, parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context: Context) -> pb.RepositoryModelUnloadResponse:
+        parameters = messages.repository_parameters(request.parameters)
+        await _blocking(self.server.unload_model, request.model_name, parameters)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- system and CUDA shared memory ---------------------------------------------------------
+
+    @rpc
+    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
+                                       context: Context) -> pb.SystemSharedMemoryStatusResponse:
+        return messages.shm_status(self.server.shared_memory.status(request.name or None))
+
+    @rpc
+    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
+                                         context: Context) -> pb.SystemSharedMemoryRegisterResponse:
+        if not request.name:
+            raise InvalidArgument("'region name' is necessary to register system shared memory region")
+        self.server.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @rpc
+    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
+                                           context: Context) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.server.shared_memory.unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @rpc
+    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
+                                     context: Context) -> pb.CudaSharedMemoryStatusResponse:
+        return messages.cuda_status(shm.cuda_status(self.server.shared_memory, request.name or None))
+
+    @rpc
+    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
+                                       context: Context) -> pb.CudaSharedMemoryRegisterResponse:
+        raise shm.cuda_register_error(request.name)
+
+    @rpc
+    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
+                                         context: Context) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region can have been registered
+
+    # -- trace and logging -------------------------------------------------------------------
+
+    @rpc
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Context) -> pb.TraceSettingResponse:
+        raise Unsupported(TRACE_UNSUPPORTED)
+
+    @rpc
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Context) -> pb.LogSettingsResponse:
+        if not request.settings:
+            return messages.log_settings(self.server.logging.get())
+        return messages.log_settings(self.server.logging.update(messages.log_changes(request.settings)))
+
+
+async def _blocking(call: Callable[..., None], *args: Any) -> None:
+    """Run a blocking core call (model load / unload) off the event loop."""
+    await asyncio.get_running_loop().run_in_executor(None, call, *args)

@@ -1,0 +1,199 @@
+"""One gRPC call on one HTTP/2 stream, seen by the servicer as its `context`.
+
+The call reassembles request messages, runs the servicer method as a task and sends what the
+method answers. It offers the part of grpc.aio.ServicerContext that naiad's servicer uses
+(`invocation_metadata`, `abort`, `write`, `set_compression`, `send_initial_metadata`), so the
+same servicer runs on this transport and on grpcio's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from naiad.frontends.grpc.wire.framing import COMPRESSION_NAMES, CallError, MessageReader, pack
+from naiad.frontends.grpc.wire.router import Route
+
+if TYPE_CHECKING:
+    from naiad.frontends.grpc.wire.connection import Connection
+
+log = logging.getLogger(__name__)
+
+_END = object()  # the client half-closed the stream
+_HIDDEN = frozenset({b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"})
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+class Call:
+    """The server side of one call; the connection feeds it and sends what it queues."""
+
+    def __init__(self, connection: Connection, stream_id: int, route: Route,
+                 headers: list[tuple[bytes, bytes]], windows: tuple[int, int], max_message_size: int) -> None:
+        self.connection = connection
+        self.stream_id = stream_id
+        self.route = route
+        self.headers = headers
+        self.window, self.recv_window = windows  # what we may send, what the client may still send
+        self.pending: deque[memoryview] = deque()  # DATA waiting for window
+        self.trailers: bytes | None = None  # sent once `pending` is empty
+        self.headers_sent = False
+        self.closed = False  # trailers sent or the stream reset: nothing more goes out
+        self.remote_closed = False
+        self.max_message_size = max_message_size
+        found = dict(headers)
+        self.accepts = {e.strip() for e in found.get(b"grpc-accept-encoding", b"").decode("latin-1").split(",")}
+        self.reader = MessageReader(max_message_size, _text(found.get(b"grpc-encoding")))
+        self.requests: list[Any] = []
+        self.queue: asyncio.Queue[Any] | None = asyncio.Queue() if route.client_streaming else None
+        self.encoding: str | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.deadline: asyncio.TimerHandle | None = _deadline(found.get(b"grpc-timeout"), self)
+
+    # -- fed by the connection --------------------------------------------------------------
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def receive(self, data: bytes, end: bool) -> None:
+        """DATA for this call; `end` when the client half-closed."""
+        try:
+            messages = self.reader.feed(data) if data else []
+        except CallError as error:
+            self.fail(error)
+            return
+        if self.queue is not None:
+            for message in messages:
+                self.queue.put_nowait(message)
+            if end:
+                self.queue.put_nowait(_END)
+        else:
+            self.requests.extend(messages)
+        if end:
+            self.remote_closed = True
+            if self.task is None:
+                self.start()
+
+    def reset(self) -> None:
+        """The client reset the stream, or the connection is gone: stop, send nothing."""
+        self.closed = True
+        self.remote_closed = True
+        self.pending.clear()
+        if self.task is not None:
+            self.task.cancel()
+        if self.deadline is not None:
+            self.deadline.cancel()
+
+    def expire(self) -> None:
+        self.deadline = None
+        self.fail(CallError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+
+    def fail(self, error: CallError) -> None:
+        """End the call now with `error` (from outside the servicer's task)."""
+        if self.task is not None:
+            self.task.cancel()
+        self.finish(error.code, error.message)
+
+    # -- the servicer's context ------------------------------------------------------------
+
+    def invocation_metadata(self) -> Sequence[tuple[str, str | bytes]]:
+        metadata: list[tuple[str, str | bytes]] = []
+        for name, value in self.headers:
+            if name[:1] == b":" or name in _HIDDEN:
+                continue
+            key = name.decode("latin-1")
+            metadata.append((key, base64.b64decode(value + b"==") if key.endswith("-bin") else value.decode("latin-1")))
+        return metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        raise CallError(code, details)
+
+    def set_compression(self, compression: grpc.Compression) -> None:
+        name = COMPRESSION_NAMES.get(compression)
+        self.encoding = name if name in self.accepts else None
+
+    async def send_initial_metadata(self, metadata: Sequence[tuple[str, str]] = ()) -> None:
+        if not self.headers_sent and not self.closed:
+            self.connection.send_headers(self)
+
+    async def write(self, message: Message) -> None:
+        if self.closed:
+            raise asyncio.CancelledError("the stream is closed")
+        self.send(message.SerializeToString())
+        await self.connection.writable()
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(self, payload: bytes) -> None:
+        if self.closed:
+            return
+        if len(payload) > self.max_message_size:
+            raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"grpc: trying to send message larger than max ({len(payload)} vs. "
+                            f"{self.max_message_size})")
+        if not self.headers_sent:
+            self.connection.send_headers(self)
+        self.connection.send_data(self, pack(payload, self.encoding))
+
+    def finish(self, code: grpc.StatusCode, message: str = "") -> None:
+        if self.closed:
+            return
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.connection.send_trailers(self, int(code.value[0]), message)
+
+    # -- the servicer's task ---------------------------------------------------------------
+
+    async def _run(self) -> None:
+        route = self.route
+        try:
+            if route.client_streaming:
+                await route.handler(self._stream_requests(), self)
+            else:
+                request = self._one_request()
+                response = await route.handler(request, self)
+                if not route.server_streaming:
+                    self.send(response.SerializeToString())
+            self.finish(grpc.StatusCode.OK)
+        except CallError as error:
+            self.finish(error.code, error.message)
+        except asyncio.CancelledError:
+            self.finish(grpc.StatusCode.CANCELLED, "Cancelled")
+        except Exception as error:
+            log.exception("unhandled error in %s", route.name)
+            self.finish(grpc.StatusCode.UNKNOWN, f"Unexpected error in {route.name}: {error}")
+
+    def _one_request(self) -> Message:
+        if len(self.requests) != 1:
+            problem = "Missing request message" if not self.requests else "Too many request messages"
+            raise CallError(grpc.StatusCode.INTERNAL, f"grpc: {problem} for a unary call")
+        return self._parse(self.requests.pop())
+
+    async def _stream_requests(self) -> AsyncIterator[Message]:
+        assert self.queue is not None
+        while (item := await self.queue.get()) is not _END:
+            yield self._parse(item)
+
+    def _parse(self, data: bytes) -> Message:
+        try:
+            return self.route.request_type.FromString(data)
+        except DecodeError as error:
+            raise CallError(grpc.StatusCode.INTERNAL, f"grpc: failed to parse the request: {error}") from None
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value else None
+
+
+def _deadline(value: bytes | None, call: Call) -> asyncio.TimerHandle | None:
+    """The grpc-timeout header (e.g. `20S`, `100m`) as a timer that expires the call."""
+    if not value or value[-1:] not in _TIMEOUT_UNITS or not value[:-1].isdigit():
+        return None
+    seconds = int(value[:-1]) * _TIMEOUT_UNITS[value[-1:]]
+    return asyncio.get_running_loop().call_later(seconds, call.expire)
