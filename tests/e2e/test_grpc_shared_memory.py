@@ -7,14 +7,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.utils.shared_memory as shm
 from conftest import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
@@ -22,6 +20,7 @@ from e2e.infer_models import build_repository, identity_name, sample
 from e2e.infer_models import infer_server as infer_server  # the fixture: started without --allow-client-shm
 from e2e.lifecycle_util import SLOW_CONFIG, slow
 from e2e.repo_builder import write_model
+from e2e.shm_util import Regions
 
 pytestmark = pytest.mark.e2e
 
@@ -44,35 +43,6 @@ def client(shm_server: ServerProcess) -> Iterator[grpcclient.InferenceServerClie
     yield opened
     opened.unregister_system_shared_memory()
     opened.close()
-
-
-class Regions:
-    """Shared-memory objects with unique keys, destroyed at the end of the test."""
-
-    def __init__(self) -> None:
-        self.handles: dict[str, Any] = {}
-        self.tag = uuid.uuid4().hex[:12]
-
-    def create(self, name: str, byte_size: int, data: list[np.ndarray] | None = None, offset: int = 0) -> str:
-        key = f"/naiad-grpc-{self.tag}-{name}"
-        self.handles[name] = shm.create_shared_memory_region(name, key, byte_size)
-        if data:
-            shm.set_shared_memory_region(self.handles[name], data, offset)
-        return key
-
-    def contents(self, name: str, dtype: Any, shape: list[int], offset: int = 0) -> np.ndarray:
-        return shm.get_contents_as_numpy(self.handles[name], dtype, shape, offset)
-
-    def destroy(self) -> None:
-        for handle in self.handles.values():
-            shm.destroy_shared_memory_region(handle)
-
-
-@pytest.fixture
-def regions() -> Iterator[Regions]:
-    created = Regions()
-    yield created
-    created.destroy()
 
 
 def _error(call: Any) -> tuple[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +13,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-import tritonclient.utils.shared_memory as shm
 from conftest import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
@@ -23,6 +21,7 @@ from e2e.infer_models import infer_server as infer_server  # the fixture: starte
 from e2e.lifecycle_util import SLOW_CONFIG, slow
 from e2e.raw_http import http, post_json
 from e2e.repo_builder import write_model
+from e2e.shm_util import Regions
 
 pytestmark = pytest.mark.e2e
 
@@ -46,38 +45,6 @@ def client(shm_server: ServerProcess) -> Iterator[httpclient.InferenceServerClie
     yield client
     client.unregister_system_shared_memory()
     client.close()
-
-
-class Regions:
-    """Creates shared-memory objects with unique keys and destroys every one at the end."""
-
-    def __init__(self) -> None:
-        self.handles: dict[str, Any] = {}
-        self.tag = uuid.uuid4().hex[:12]
-
-    def create(self, name: str, byte_size: int, data: list[np.ndarray] | None = None, offset: int = 0) -> str:
-        key = f"/naiad-e2e-{self.tag}-{name}"
-        handle = shm.create_shared_memory_region(name, key, byte_size)
-        self.handles[name] = handle
-        if data:
-            shm.set_shared_memory_region(handle, data, offset)
-        return key
-
-    def contents(self, name: str, dtype: Any, shape: list[int], offset: int = 0) -> np.ndarray:
-        return shm.get_contents_as_numpy(self.handles[name], dtype, shape, offset)
-
-    def destroy(self) -> None:
-        for handle in self.handles.values():
-            shm.destroy_shared_memory_region(handle)
-        self.handles.clear()
-
-
-@pytest.fixture
-def regions() -> Iterator[Regions]:
-    created = Regions()
-    yield created
-    created.destroy()
-    assert not any(key.startswith(f"/naiad-e2e-{created.tag}") for key in shm.mapped_shared_memory_regions())
 
 
 def _error(call: Any) -> InferenceServerException:
