@@ -91,7 +91,10 @@ def _grpc_flags(p: argparse.ArgumentParser) -> None:
                    default="none")
     p.add_argument("--grpc-header-forward-pattern", default="",
                    help="regex: matching gRPC metadata keys become request parameters")
-    p.add_argument("--grpc-infer-thread-count", type=int, default=2)
+    p.add_argument("--grpc-infer-thread-count", type=int, default=2,
+                   help="accepted for tritonserver compatibility; naiad's gRPC frontend uses no thread pool")
+    p.add_argument("--grpc-transport", choices=["naiad", "grpcio"], default="naiad",
+                   help="naiad: own asyncio HTTP/2 (fast); grpcio: grpc.aio's server")
 
 
 def _grpc_options(args: argparse.Namespace) -> GrpcOptions:
@@ -111,6 +114,7 @@ def _grpc_options(args: argparse.Namespace) -> GrpcOptions:
         response_compression_level=args.grpc_infer_response_compression_level,
         header_forward_pattern=args.grpc_header_forward_pattern,
         infer_thread_count=args.grpc_infer_thread_count,
+        transport=args.grpc_transport,
     )
 
 

@@ -210,9 +210,8 @@ def test_missing_certificate_is_a_clean_startup_error(repo: Path, start_server: 
 # ------------------------------------------------------------------------------- transports
 
 
-def test_grpcio_transport_serves_the_same_api(repo: Path, start_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NAIAD_GRPC_TRANSPORT", "grpcio")
-    server = start_server(["--model-repository", str(repo)])
+def test_grpcio_transport_serves_the_same_api(repo: Path, start_server: Any) -> None:
+    server = start_server(["--model-repository", str(repo), "--grpc-transport=grpcio"])
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         assert client.is_server_ready() and _infer(client, 5).tolist() == [list(range(5))]
         answers: list[Any] = []
@@ -226,9 +225,7 @@ def test_grpcio_transport_serves_the_same_api(repo: Path, start_server: Any, mon
         assert check.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_unknown_transport_is_a_clean_startup_error(repo: Path, start_server: Any,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NAIAD_GRPC_TRANSPORT", "carrier-pigeon")
-    server = start_server(["--model-repository", str(repo)], wait=False)
-    assert server.process.wait(timeout=60) == 1
-    assert "NAIAD_GRPC_TRANSPORT must be 'naiad' or 'grpcio', not 'carrier-pigeon'" in server.logs()
+def test_unknown_transport_is_a_command_line_error(repo: Path, start_server: Any) -> None:
+    server = start_server(["--model-repository", str(repo), "--grpc-transport=carrier-pigeon"], wait=False)
+    assert server.process.wait(timeout=60) == 2
+    assert "argument --grpc-transport: invalid choice: 'carrier-pigeon'" in server.logs()

@@ -24,7 +24,8 @@ class GrpcOptions:
     root_cert: str = ""
     response_compression_level: str = "none"  # none | low | medium | high
     header_forward_pattern: str = ""
-    infer_thread_count: int = 2
+    infer_thread_count: int = 2  # accepted for tritonserver compatibility; no thread pool is used
+    transport: str = "naiad"  # naiad (own asyncio HTTP/2) | grpcio (grpc.aio server)
 
 
 @dataclass(frozen=True, slots=True)

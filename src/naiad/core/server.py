@@ -109,7 +109,14 @@ class InferenceServer:
         }
 
     def model_config(self, name: str, version: int | None) -> dict[str, Any]:
-        return config_to_json(self.models.get(name, version).config)
+        """The config as Triton's /config JSON."""
+        return config_to_json(self.model_config_message(name, version))
+
+    def model_config_message(self, name: str, version: int | None) -> mc.ModelConfig:
+        """The config message itself (a copy: callers may not change the serving config)."""
+        config = mc.ModelConfig()
+        config.CopyFrom(self.models.get(name, version).config)
+        return config
 
     def model_inputs(self, name: str, version: int | None) -> tuple[list[TensorSpec], int]:
         """The model's inputs and its max_batch_size (for requests that carry no metadata)."""

@@ -1,4 +1,4 @@
-"""The servicers on grpcio's asyncio server: the fallback transport (NAIAD_GRPC_TRANSPORT=grpcio).
+"""The servicers on grpcio's asyncio server: the fallback transport (--grpc-transport=grpcio).
 
 naiad serves gRPC on its own HTTP/2 transport by default (see `wire/`); grpcio's server is kept
 because it is the reference implementation of the protocol, for comparison and as a way out.

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.core.server import Region
@@ -21,11 +20,6 @@ def server_metadata(metadata: dict[str, Any]) -> pb.ServerMetadataResponse:
 
 def model_metadata(metadata: dict[str, Any]) -> pb.ModelMetadataResponse:
     return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
-
-
-def model_config(config: dict[str, Any]) -> pb.ModelConfigResponse:
-    """The model's config (the JSON the HTTP /config answers) as the ModelConfig message."""
-    return pb.ModelConfigResponse(config=json_format.ParseDict(config, mc.ModelConfig()))
 
 
 def statistics(stats: dict[str, Any]) -> pb.ModelStatisticsResponse:

@@ -2,14 +2,13 @@
 
 By default it runs naiad's own HTTP/2 transport on the event loop (`wire/`), which serves about
 twice the calls per second of grpcio's asyncio server on the same machine (docs/benchmarks.md,
-"gRPC frontend candidates"); NAIAD_GRPC_TRANSPORT=grpcio selects grpcio's server instead. Both
+"gRPC frontend candidates"); --grpc-transport=grpcio selects grpcio's server instead. Both
 run the same servicer.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Protocol
 
 import grpc
@@ -28,7 +27,6 @@ from naiad.frontends.grpc.wire.server import WireServer
 
 log = logging.getLogger(__name__)
 
-TRANSPORT_VARIABLE = "NAIAD_GRPC_TRANSPORT"
 #: --grpc-infer-response-compression-level → the algorithm gRPC's own level mapping picks for
 #: clients that accept gzip and deflate (low and medium: the first, high: the last).
 COMPRESSION: dict[str, grpc.Compression | None] = {
@@ -45,19 +43,17 @@ class Transport(Protocol):
 
 
 class GrpcService:
-    """The gRPC frontend: servicers on the transport NAIAD_GRPC_TRANSPORT names (naiad | grpcio)."""
+    """The gRPC frontend: servicers on the transport --grpc-transport names (naiad | grpcio)."""
 
     def __init__(self, server: InferenceServer, options: ServerOptions) -> None:
         self.server = server
         self.host, self.port = options.grpc_address, options.grpc_port
         self.options = options.grpc
-        self.transport_name = os.environ.get(TRANSPORT_VARIABLE, "naiad")
+        self.transport_name = options.grpc.transport
         self._transport: Transport | None = None
 
     async def start(self) -> None:
         """Listen; Unavailable when the address cannot be bound or TLS files cannot be read."""
-        if self.transport_name not in ("naiad", "grpcio"):
-            raise Unavailable(f"{TRANSPORT_VARIABLE} must be 'naiad' or 'grpcio', not '{self.transport_name}'")
         transport = self._transport_for()
         try:
             await transport.start(self.host, self.port)

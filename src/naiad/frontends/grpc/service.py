@@ -92,7 +92,8 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
-        return messages.model_config(self.server.model_config(request.name, parse_version(request.version)))
+        config = self.server.model_config_message(request.name, parse_version(request.version))
+        return pb.ModelConfigResponse(config=config)
 
     @rpc
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
