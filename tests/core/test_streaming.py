@@ -4,27 +4,18 @@ import asyncio
 
 import numpy as np
 import pytest
+from e2e.infer_models import REPEAT_CONFIG
 
 from naiad.config.options import ServerOptions
 from naiad.core.server import InferenceServer
 from naiad.errors import Unsupported
 from naiad.types import DataType, InferRequest, Tensor
 
-CONFIG = """
-name: "repeat_int32"
-backend: "repeat"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
-        { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] optional: true } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
-"""
-
 
 @pytest.fixture
 def server(tmp_path):
     (tmp_path / "repeat_int32" / "1").mkdir(parents=True)
-    (tmp_path / "repeat_int32" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "repeat_int32" / "config.pbtxt").write_text(REPEAT_CONFIG)
     server = InferenceServer(ServerOptions(model_repositories=(tmp_path,)))
     server.start()
     yield server
