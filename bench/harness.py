@@ -1,8 +1,9 @@
 """Shared pieces of naiad's side-by-side benchmarks: peer paths, server processes, perf_analyzer.
 
 Every benchmark starts a server on free loopback ports, waits for ``GET /v2/health/ready`` to
-answer 200, drives it with Triton's own load generator (perf_analyzer) and reads the CPU time the
-server's whole process tree spent from ``/proc``. Nothing here knows which server it runs.
+answer 200 (and gRPC ``ServerReady`` when it is to be driven over gRPC), drives it with Triton's
+own load generator (perf_analyzer) over HTTP or gRPC and reads the CPU time the server's whole
+process tree spent from ``/proc``. Nothing here knows which server it runs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class BenchError(RuntimeError):
 
 class UnstableError(BenchError):
     """perf_analyzer's windows disagreed by more than the stability bound (a noisy machine)."""
+
+
+class UnavailableError(BenchError):
+    """The server cannot be driven this way (e.g. no gRPC listener, shared memory refused)."""
 
 
 def ensure_peers() -> None:
@@ -94,11 +99,17 @@ class Server:
     name: str
     proc: subprocess.Popen[bytes]
     http_port: int
+    grpc_port: int | None
     log: Path
+    grpc_error: str | None = None  # None until probed, then "" (ready) or why not
 
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.http_port}"
+
+    def url_for(self, wire: str) -> str:
+        """The ``-u`` for perf_analyzer ``-i wire`` (``http`` or ``grpc``)."""
+        return self.url if wire == "http" else f"127.0.0.1:{self.grpc_port}"
 
     def wait_ready(self, timeout_s: float) -> None:
         """Poll ``/v2/health/ready`` until it answers 200; raise with the log tail otherwise."""
@@ -111,6 +122,29 @@ class Server:
                 return
             time.sleep(0.25)
         raise BenchError(f"{self.name} not ready after {timeout_s:.0f} s ({self.log}):\n{tail(self.log)}")
+
+    def check_grpc(self, timeout_s: float = 10.0) -> None:
+        """Raise UnavailableError unless gRPC ``ServerReady`` answers true (probed once per server)."""
+        if self.grpc_error is None:
+            self.grpc_error = self._probe_grpc(timeout_s)
+        if self.grpc_error:
+            raise UnavailableError(self.grpc_error)
+
+    def _probe_grpc(self, timeout_s: float) -> str:
+        """"" once ``ServerReady`` answers true within ``timeout_s``, else why not."""
+        import tritonclient.grpc as grpcclient  # only needed by gRPC benchmarks
+
+        deadline, last = time.monotonic() + timeout_s, "no answer"
+        while time.monotonic() < deadline:
+            try:
+                with grpcclient.InferenceServerClient(self.url_for("grpc")) as client:
+                    if client.is_server_ready(client_timeout=2.0):
+                        return ""
+                    last = "ServerReady answered false"
+            except Exception as err:  # any client error means not usable; keep the last message
+                last = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            time.sleep(0.5)
+        return f"gRPC on {self.url_for('grpc')} not ready after {timeout_s:.0f} s: {last}"
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the server's process group, then SIGKILL it if it lingers."""
@@ -125,13 +159,14 @@ class Server:
 
 
 def start_server(name: str, argv: list[str], env: dict[str, str] | None = None) -> Server:
-    """Start ``argv`` (whose ``--http-port`` value is read back) with output to .bench/logs/NAME.log."""
+    """Start ``argv`` (its ``--http-port=`` and ``--grpc-port=`` are read back), logging to .bench/logs/NAME.log."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"{name}.log"
-    port = next(int(a.split("=", 1)[1]) for a in argv if a.startswith("--http-port="))
+    flags = dict(a.split("=", 1) for a in argv if a.startswith(("--http-port=", "--grpc-port=")))
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
-    return Server(name, proc, port, log)
+    grpc = int(flags["--grpc-port"]) if "--grpc-port" in flags else None
+    return Server(name, proc, int(flags["--http-port"]), grpc, log)
 
 
 def _proc_stat(pid: int) -> tuple[int, int] | None:
@@ -179,6 +214,7 @@ def model_inference_count(url: str, model: str) -> int | None:
 class Measurement:
     """One perf_analyzer run at one concurrency, with the server's CPU cost per inference."""
 
+    protocol: str  # e.g. "http", "grpc", "http-shm"
     concurrency: int
     infer_per_s: float
     p50_us: float
@@ -197,31 +233,47 @@ def parse_pa_csv(path: Path) -> dict[str, float]:
     return {k: float(v) for k, v in row.items() if k and v not in (None, "")}
 
 
-def run_perf_analyzer(server: Server, model: str, concurrency: int, extra: list[str]) -> Measurement:
-    """Drive ``server`` with perf_analyzer over HTTP at one concurrency and cost it in server CPU."""
-    out_csv = LOG_DIR / f"{server.name}-c{concurrency}.csv"
+def pa_error(output: str) -> str:
+    """The line of perf_analyzer's output that says why it gave up (its last non-empty line otherwise)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+def run_perf_analyzer(
+    server: Server, model: str, protocol: str, wire: str, concurrency: int, extra: list[str]
+) -> Measurement:
+    """Drive ``server`` with perf_analyzer ``-i wire`` at one concurrency and cost it in server CPU.
+
+    ``protocol`` names the row (e.g. ``grpc-shm``); ``extra`` carries its perf_analyzer flags.
+    Raises UnstableError when no window was stable, UnavailableError when perf_analyzer failed.
+    """
+    stem = f"{server.name}-{protocol}-c{concurrency}"
+    out_csv = LOG_DIR / f"{stem}.csv"
     out_csv.unlink(missing_ok=True)
-    argv = [str(PA_BIN), "-m", model, "-u", server.url, "-i", "http"]
+    argv = [str(PA_BIN), "-m", model, "-u", server.url_for(wire), "-i", wire]
     argv += ["--concurrency-range", str(concurrency), *PA_STABILITY, "-f", str(out_csv), *extra]
     count0 = model_inference_count(server.url, model)
     cpu0, t0 = tree_cpu_seconds(server.proc.pid), time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, env=env_with_libs(PA_LIBS), timeout=300)
     cpu1, t1 = tree_cpu_seconds(server.proc.pid), time.monotonic()
     count1 = model_inference_count(server.url, model)
-    (LOG_DIR / f"{server.name}-c{concurrency}.pa.log").write_text(done.stdout + done.stderr)
+    pa_log = LOG_DIR / f"{stem}.pa.log"
+    pa_log.write_text(done.stdout + done.stderr)
     if not out_csv.exists() and "Failed to obtain stable measurement" in done.stdout + done.stderr:
-        raise UnstableError(f"perf_analyzer found no stable measurement of {server.name} at c={concurrency}")
+        raise UnstableError(f"perf_analyzer found no stable measurement of {server.name} {protocol} c={concurrency}")
+    if server.proc.poll() is not None:
+        raise BenchError(f"{server.name} exited with {server.proc.returncode} ({server.log}):\n{tail(server.log)}")
     if not out_csv.exists():
-        raise BenchError(
-            f"perf_analyzer failed against {server.name} at c={concurrency} "
-            f"(exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}"
-        )
+        why = pa_error(done.stdout + done.stderr)
+        raise UnavailableError(f"perf_analyzer exit {done.returncode}: {why} ({pa_log})")
     row = parse_pa_csv(out_csv)
     if count0 is not None and count1 is not None and count1 > count0:
         inferences, source = count1 - count0, "server-stats"
     else:
         inferences, source = round(row["Inferences/Second"] * (t1 - t0)), "throughput*wall"
     return Measurement(
+        protocol=protocol,
         concurrency=concurrency,
         infer_per_s=row["Inferences/Second"],
         p50_us=row["p50 latency"],

@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash bench/setup_peers.sh
-.venv/bin/python bench/http_identity.py "$@"
+.venv/bin/python bench/identity.py "$@"
