@@ -4,3 +4,5 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash bench/setup_peers.sh
 .venv/bin/python bench/identity.py "$@"
+# Dynamic batching: MLP and MiniLM, batching on/off, vs in-process onnxruntime and Triton (c=1..64).
+.venv/bin/python bench/batching.py
