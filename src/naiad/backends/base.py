@@ -13,17 +13,50 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.types import InferRequest
+from naiad.types import InferRequest, InferResponse
 
 Outputs = dict[str, np.ndarray]
 RequestResult = Outputs | Exception
 #: send(request index in the batch, outputs / error / None for a flags-only response, final)
 ResponseSender = Callable[[int, Outputs | Exception | None, bool], None]
+
+
+class ParameterizedOutputs(dict[str, np.ndarray]):
+    """Outputs that also carry response parameters (Python models can set them)."""
+
+    __slots__ = ("parameters",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.parameters: dict[str, Any] = {}
+
+
+class Host(Protocol):
+    """What the server offers backends whose models call back into it (the Python backend's
+    BLS and model control), without the backend importing the core."""
+
+    def submit(self, request: InferRequest, sink: Callable[[InferResponse], None],
+               decoupled: bool) -> Callable[[], None]:
+        """Queue `request` for any model; responses reach `sink` from other threads. Returns a
+        function that cancels it. Raises NaiadError when it cannot be queued."""
+        ...
+
+    def control(self, op: str, args: list[Any]) -> Any:
+        """load_model / unload_model / is_model_ready with pb_utils' arguments."""
+        ...
+
+    def backend_config(self, backend: str) -> Mapping[str, str]:
+        """--backend-config settings for `backend`."""
+        ...
+
+
+def never_cancelled(index: int) -> bool:
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +85,14 @@ class Batch:
     outputs back into per-request slices.
     """
 
-    __slots__ = ("_inputs", "batched", "layout", "requests", "sizes")
+    __slots__ = ("_inputs", "batched", "is_cancelled", "layout", "requests", "sizes")
 
-    def __init__(self, requests: list[InferRequest], batched: bool, layout: RaggedLayout | None = None) -> None:
+    def __init__(self, requests: list[InferRequest], batched: bool, layout: RaggedLayout | None = None,
+                 is_cancelled: Callable[[int], bool] = never_cancelled) -> None:
         self.requests = requests
         self.batched = batched
         self.layout = layout
+        self.is_cancelled = is_cancelled  # whether the client of request i went away
         self.sizes = [_batch_size(r) for r in requests] if batched else [1] * len(requests)
         self._inputs: dict[str, np.ndarray] | None = None
 
@@ -132,6 +167,13 @@ def _batch_size(request: InferRequest) -> int:
 class ModelInstance(ABC):
     """One execution context of a model; `execute` is only ever called from one thread at a time."""
 
+    #: whether the core concatenates a batch's inputs before `execute` (off for backends that
+    #: hand each request to the model separately, like Python models)
+    gathers_inputs: bool = True
+    #: decoupled instances whose requests may still be open when `execute_decoupled` returns:
+    #: the core then waits for their final responses instead of closing them
+    answers_later: bool = False
+
     @abstractmethod
     def execute(self, batch: Batch) -> list[RequestResult]:
         """Run the batch; return one result per request, in order."""
@@ -151,6 +193,8 @@ class Model(ABC):
 
     #: the backend name as it appears in config `backend`
     backend_name: str = ""
+    #: set by the core before instances are created
+    host: Host | None = None
 
     def __init__(self, config: mc.ModelConfig, version_dir: Path, version: int) -> None:
         self.config = config

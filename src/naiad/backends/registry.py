@@ -10,6 +10,7 @@ from naiad.errors import InvalidArgument
 _BACKENDS: dict[str, str] = {
     "identity": "naiad.backends.identity:IdentityModel",
     "onnxruntime": "naiad.backends.onnxruntime:OnnxRuntimeModel",
+    "python": "naiad.backends.python.backend:PythonModel",
     "repeat": "naiad.backends.repeat:RepeatModel",
 }
 

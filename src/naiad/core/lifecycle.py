@@ -19,6 +19,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.backends.base import Host
 from naiad.config.options import ServerOptions
 from naiad.core.loader import prepare_config, start_version
 from naiad.core.model import LoadedVersion
@@ -57,6 +58,7 @@ class ModelManager:
         self.rate_limiter = (
             RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
         )
+        self.host: Host | None = None  # what backends call back into (set by the server)
         self._records: dict[str, ModelRecord] = {}
         self._routes: dict[str, tuple[dict[int, LoadedVersion], LoadedVersion]] = {}
         self._route_lock = threading.Lock()
@@ -175,7 +177,7 @@ class ModelManager:
                     loaded = current.regrouped(config)  # same backend model, new instance groups
                 else:
                     loaded = start_version(record.name, version, config, cls, model_dir, version_dir,
-                                           self.rate_limiter)
+                                           self.rate_limiter, self.host)
             except Exception as error:  # any failure of a backend is this version's load failure
                 log.warning("failed to load '%s' version %d: %s", record.name, version, error)
                 failures[version] = str(error) or type(error).__name__

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import Model
+from naiad.backends.base import Host, Model
 from naiad.backends.registry import backend_class
 from naiad.config.autocomplete import fill_defaults, resolve_backend
 from naiad.config.model_config import read_model_config
@@ -39,7 +39,8 @@ def prepare_config(
     cls = backend_class(config.backend)
     made_batching = False
     if options.auto_complete_config and first is not None:
-        settings = {"default_max_batch_size": options.default_max_batch_size}
+        settings = {"default_max_batch_size": options.default_max_batch_size,
+                    "backend_config": options.backend_config.get(config.backend, {})}
         made_batching = cls.auto_complete(config, first, settings)
     # Triton adds `dynamic_batching {}` only when auto-complete itself made the model batch.
     fill_defaults(config, default_instance_count=cls.default_instance_count(),
@@ -50,10 +51,11 @@ def prepare_config(
 
 def start_version(
     name: str, version: int, config: mc.ModelConfig, cls: type[Model], model_dir: Path, version_dir: Path,
-    rate_limiter: RateLimiter | None = None,
+    rate_limiter: RateLimiter | None = None, host: Host | None = None,
 ) -> LoadedVersion:
     """Load one version and start its instances; raises with the reason on failure."""
     model = cls(config, version_dir, version)
+    model.host = host
     loaded = LoadedVersion(name, version, config, model, model_dir, rate_limiter)
     try:
         loaded.start()

@@ -36,7 +36,11 @@ class ResponseBuilder:
                     f"output '{requested.name}' was not produced by model '{self.model_name}'"
                 )
             tensors.append(self._tensor(requested, array))
-        return InferResponse(self.model_name, self.version, request.id, tensors)
+        response = InferResponse(self.model_name, self.version, request.id, tensors)
+        parameters = getattr(arrays, "parameters", None)  # ParameterizedOutputs
+        if parameters:
+            response.parameters = parameters
+        return response
 
     def _tensor(self, requested: RequestedOutput, array: np.ndarray) -> Tensor:
         spec = self.outputs[requested.name]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -30,8 +32,8 @@ class InstanceRunner:
 
     def __call__(self, jobs: list[Job]) -> None:
         start = time.monotonic_ns()
-        batch = Batch([job.request for job in jobs], self.batched, self.layout)
-        if len(jobs) > 1 or self.layout is not None:
+        batch = self._batch(jobs)
+        if (len(jobs) > 1 or self.layout is not None) and self.instance.gathers_inputs:
             batch.inputs()  # concatenation is compute_input, not the backend's infer time
         input_end = time.monotonic_ns()
         results = self._execute(batch)
@@ -46,6 +48,9 @@ class InstanceRunner:
         self.on_done(len(jobs))
         for job, response in zip(jobs, responses, strict=True):
             job.sink(response)
+
+    def _batch(self, jobs: list[Job]) -> Batch:
+        return Batch([job.request for job in jobs], self.batched, self.layout, lambda i: jobs[i].cancelled)
 
     def _execute(self, batch: Batch) -> list[object]:
         try:
@@ -77,12 +82,16 @@ class DecoupledRunner(InstanceRunner):
 
     def __call__(self, jobs: list[Job]) -> None:
         start = time.monotonic_ns()
-        batch = Batch([job.request for job in jobs], self.batched, self.layout)
+        batch = self._batch(jobs)
         open_jobs = set(range(len(jobs)))
+        lock = threading.Lock()  # instances that answer later send from their own threads
 
         def send(index: int, result: object, final: bool) -> None:
-            if index not in open_jobs:
-                raise InternalError(f"response sent for request {index} after its final response")
+            with lock:
+                if index not in open_jobs:
+                    raise InternalError(f"response sent for request {index} after its final response")
+                if final:
+                    open_jobs.discard(index)
             job = jobs[index]
             if result is None:
                 response = InferResponse(self.builder.model_name, self.builder.version, job.request.id)
@@ -90,7 +99,6 @@ class DecoupledRunner(InstanceRunner):
                 response = self._response(job, result)
             response.final = final
             if final:
-                open_jobs.discard(index)
                 now = time.monotonic_ns()
                 self.stats.record_request(response.error is None, now - job.enqueued_ns,
                                           start - job.enqueued_ns, (0, now - start, 0))
@@ -104,5 +112,10 @@ class DecoupledRunner(InstanceRunner):
             log.exception("model '%s' failed to execute", self.builder.model_name)
             error = _internal(raised)
         self.stats.record_execution(batch.size, 0, time.monotonic_ns() - start, 0)
-        for index in sorted(open_jobs):
-            send(index, error, True)
+        if self.instance.answers_later and error is None:
+            return  # the instance answers the open requests itself, later
+        with lock:
+            remaining = sorted(open_jobs)
+        for index in remaining:
+            with contextlib.suppress(InternalError):  # answered by the instance's own thread meanwhile
+                send(index, error, True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -42,6 +42,7 @@ class InferenceServer:
     def __init__(self, options: ServerOptions, log_settings: LogSettings | None = None) -> None:
         self.options = options
         self.models = ModelManager(options)
+        self.models.host = _BackendHost(self)
         self.logging = log_settings or LogSettings()
         self.shared_memory = SharedMemoryRegistry(options.allow_client_shm)
         self.stopping = False
@@ -231,6 +232,45 @@ class InferenceServer:
             return [self.models.get(name, v) for v in self.models.serving_versions(name)]
         except NotFound:  # unloaded between the two calls
             return []
+
+
+BLS_DECOUPLED_ERROR = "the model is decoupled: call it with exec(decoupled=True)"
+
+
+class _BackendHost:
+    """What backends call back into: BLS requests and model control from Python models."""
+
+    def __init__(self, server: InferenceServer) -> None:
+        self._server = server
+
+    def submit(self, request: InferRequest, sink: Sink, decoupled: bool) -> Callable[[], None]:
+        job = self._server._submit(request, sink, None if decoupled else BLS_DECOUPLED_ERROR)
+
+        def cancel() -> None:
+            job.cancelled = True
+
+        return cancel
+
+    def control(self, op: str, args: list[Any]) -> Any:
+        server = self._server
+        if op == "load_model":
+            name, config, files = args
+            parameters: dict[str, Any] = {f"file:{path}": data for path, data in (files or {}).items()}
+            if config:
+                parameters["config"] = config
+            server.load_model(name, parameters)
+            return None
+        if op == "unload_model":
+            name, unload_dependents = args
+            server.unload_model(name, {"unload_dependents": unload_dependents})
+            return None
+        if op == "is_model_ready":
+            name, version = args
+            return server.model_ready(name, int(version) if version else None)
+        raise InvalidArgument(f"unknown model control operation '{op}'")
+
+    def backend_config(self, backend: str) -> dict[str, str]:
+        return self._server.options.backend_config.get(backend, {})
 
 
 def _order(loaded: LoadedVersion) -> tuple[str, int]:

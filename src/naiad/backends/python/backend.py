@@ -1,0 +1,457 @@
+"""The "python" backend: Triton model.py files, one model process per instance.
+
+The server side of each instance turns a batch into one `Execute` message (inputs written once
+into shared memory), and the model process's messages back into responses: `Executed` when
+`execute` returned, `Sent` for responses from response senders. A decoupled instance is free for
+the next batch as soon as `execute` returns; its requests stay open until their final response.
+BLS calls from the model come in as `BlsCall` and go to the server through `Model.host`.
+
+When the model process dies, the requests it held fail with Triton's "Stub process ... is not
+healthy" error and a new process is started for the requests that follow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import (
+    Batch,
+    Model,
+    ModelInstance,
+    ParameterizedOutputs,
+    RequestResult,
+    ResponseSender,
+)
+from naiad.backends.python import protocol as p
+from naiad.backends.python.environment import python_for
+from naiad.backends.python.process import StubProcess, log_from_model
+from naiad.config.model_config import config_from_json, config_to_json
+from naiad.errors import InternalError, InvalidArgument, NaiadError, Status, Unavailable
+from naiad.types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
+
+log = logging.getLogger("naiad.backends.python")
+
+DEFAULT_STUB_TIMEOUT_S = 30.0
+# Request parameters the server itself interprets; the model sees the others (as in Triton).
+_RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+                                  "binary_data_output", "headers"})
+_KINDS = {mc.ModelInstanceGroup.KIND_CPU: "CPU", mc.ModelInstanceGroup.KIND_GPU: "GPU",
+          mc.ModelInstanceGroup.KIND_MODEL: "MODEL"}
+
+
+class PythonModel(Model):
+    backend_name = "python"
+
+    def __init__(self, config: mc.ModelConfig, version_dir: Path, version: int) -> None:
+        super().__init__(config, version_dir, version)
+        self.model_file = version_dir / (config.default_model_filename or "model.py")
+        if not self.model_file.is_file():
+            raise InvalidArgument(f"unable to find '{self.model_file}' for model '{config.name}'")
+        self.model_dir = version_dir.parent
+
+    @classmethod
+    def auto_complete(cls, config: mc.ModelConfig, version_dir: Path, options: Mapping[str, Any]) -> bool:
+        """Run the model's static `auto_complete_config` in a model process of its own, as Triton does."""
+        model_file = version_dir / (config.default_model_filename or "model.py")
+        if not model_file.is_file() or "auto_complete_config" not in model_file.read_text(errors="replace"):
+            return False  # nothing to ask: skip starting a process
+        settings = dict(options.get("backend_config", {}))
+        python, env = python_for(config, version_dir.parent)
+        process = StubProcess(f"{config.name}-autocomplete", python, env)
+        process.start()
+        try:
+            answer = process.handshake(p.AutoComplete(str(model_file), json.dumps(config_to_json(config))),
+                                       _stub_timeout(settings))
+        finally:
+            process.stop(5.0)
+        assert isinstance(answer, p.AutoCompleted)
+        if answer.error is not None:
+            raise InvalidArgument(answer.error.split("\n", 1)[0])
+        if answer.config is not None:
+            completed = config_from_json(json.loads(answer.config))
+            config.CopyFrom(completed)
+        return False
+
+    def create_instance(self, group: mc.ModelInstanceGroup, index: int) -> ModelInstance:
+        device = group.gpus[index % len(group.gpus)] if group.gpus else 0
+        name = f"{group.name}_{index}"
+        args = {
+            "model_config": json.dumps(config_to_json(self.config)),
+            "model_instance_kind": _KINDS.get(group.kind, "CPU"),
+            "model_instance_name": name,
+            "model_instance_device_id": str(device),
+            "model_repository": str(self.model_dir),
+            "model_version": str(self.version),
+            "model_name": self.config.name,
+        }
+        settings = dict(self.backend_settings())
+        return PythonInstance(self, name, args, _stub_timeout(settings))
+
+    def backend_settings(self) -> Mapping[str, str]:
+        return self.host.backend_config("python") if self.host is not None else {}
+
+
+def _stub_timeout(settings: Mapping[str, str]) -> float:
+    value = settings.get("stub-timeout-seconds")
+    return float(value) if value else DEFAULT_STUB_TIMEOUT_S
+
+
+class _Pending:
+    """A batch in the model process: which requests still wait for their final response."""
+
+    __slots__ = ("batch", "batch_id", "done", "executed", "open", "results", "send")
+
+    def __init__(self, batch_id: int, batch: Batch, send: ResponseSender | None) -> None:
+        self.batch_id = batch_id
+        self.batch = batch
+        self.send = send  # decoupled: responses go out as they come
+        self.open = set(range(len(batch.requests)))
+        self.results: list[RequestResult] = [InternalError("no response")] * len(batch.requests)
+        self.executed = threading.Event()  # execute returned in the model process
+        self.done = threading.Event()  # every request has its final response
+
+
+class PythonInstance(ModelInstance):
+    gathers_inputs = False  # model.py gets each request's own tensors, never a concatenation
+
+    def __init__(self, model: PythonModel, name: str, args: dict[str, str], stub_timeout: float) -> None:
+        self.model = model
+        self.name = name
+        self.args = args
+        self.decoupled = model.config.model_transaction_policy.decoupled
+        self.answers_later = self.decoupled
+        self.stub_timeout = stub_timeout
+        self.output_names = [o.name for o in model.config.output]
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._calls: dict[int, Callable[[], None]] = {}  # BLS call -> cancel
+        self._lock = threading.Lock()
+        self._healthy = threading.Condition(self._lock)
+        self._closing = False
+        self._process: StubProcess | None = None
+        self._python, self._env = python_for(model.config, model.model_dir)
+        self._start()
+
+    # -- process lifecycle -------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Start a model process and initialize the model; raises with the model's message."""
+        process = StubProcess(self.name, self._python, self._env)
+        process.start()
+        try:
+            ready = process.handshake(p.Init(str(self.model.model_file), self.args, self.decoupled),
+                                      self.stub_timeout)
+        except BaseException:
+            process.kill()
+            raise
+        assert isinstance(ready, p.Ready)
+        if ready.error is not None:
+            process.kill()
+            first_line, _, detail = ready.error.partition("\n")
+            log.error("initialize of model '%s' failed:\n%s", self.name, detail)
+            raise InternalError(first_line)
+        with self._lock:
+            self._process = process
+            self._healthy.notify_all()
+        process.run(self._on_message, lambda: self._on_exit(process))
+
+    def _ready_process(self) -> StubProcess:
+        with self._lock:
+            ok = self._healthy.wait_for(lambda: self._process is not None or self._closing, self.stub_timeout)
+            if not ok or self._process is None:
+                raise Unavailable(f"Stub process '{self.name}' is not healthy.")
+            return self._process
+
+    def _on_exit(self, process: StubProcess) -> None:
+        """The model process is gone: fail what it held, then start a new one (unless closing)."""
+        with self._lock:
+            if self._process is process:
+                self._process = None
+            pending, self._pending = self._pending, {}
+            calls, self._calls = self._calls, {}
+            closing = self._closing
+        code = process.process.poll() if process.process is not None else None
+        error = InternalError(f"Failed to process the request(s) for model instance '{self.name}', "
+                              f"message: Stub process '{self.name}' is not healthy.")
+        for item in pending.values():
+            self._fail_open(item, error)
+        for cancel in calls.values():
+            cancel()
+        process.close()
+        if closing:
+            return
+        log.error("the model process of '%s' exited (code %s); starting a new one", self.name, code)
+        try:
+            self._start()
+        except Exception as failure:
+            log.error("restarting the model process of '%s' failed: %s", self.name, failure)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            process = self._process
+            self._healthy.notify_all()
+        if process is not None:
+            process.stop(self.stub_timeout)
+
+    def kill_process_for_tests(self) -> None:  # pragma: no cover - used by tests through the model
+        if self._process is not None and self._process.process is not None:
+            self._process.process.kill()
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def execute(self, batch: Batch) -> list[RequestResult]:
+        pending = self._submit(batch, None)
+        pending.done.wait()
+        return pending.results
+
+    def execute_decoupled(self, batch: Batch, send: ResponseSender) -> None:
+        pending = self._submit(batch, send)
+        pending.executed.wait()
+
+    def _submit(self, batch: Batch, send: ResponseSender | None) -> _Pending:
+        process = self._ready_process()
+        assert process.arena is not None
+        batch_id = next(self._ids)
+        pending = _Pending(batch_id, batch, send)
+        requests = [self._request(process, request) for request in batch.requests]
+        with self._lock:
+            self._pending[batch_id] = pending
+        try:
+            process.send(p.Execute(batch_id, requests, process.take_frees()))
+        except p.ChannelClosed:
+            with self._lock:
+                self._pending.pop(batch_id, None)
+            raise Unavailable(f"Stub process '{self.name}' is not healthy.") from None
+        return pending
+
+    def _request(self, process: StubProcess, request: InferRequest) -> p.Request:
+        parameters = request.parameters
+        flags = (1 if parameters.get("sequence_start") else 0) | (2 if parameters.get("sequence_end") else 0)
+        custom = {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS}
+        outputs = [o.name for o in request.outputs] if request.outputs is not None else self.output_names
+        return p.Request(request.id, parameters.get("sequence_id", 0), flags, int(parameters.get("timeout", 0)),
+                         json.dumps(custom) if custom else "{}", outputs,
+                         [_write(process, tensor.name, tensor.datatype, tensor.data) for tensor in request.inputs])
+
+    # -- messages from the model process (reader thread) -------------------------------------
+
+    def _on_message(self, message: Any) -> None:
+        if isinstance(message, p.Executed):
+            self._free(message.frees)
+            self._on_executed(message)
+        elif isinstance(message, p.Sent):
+            self._free(message.frees)
+            for response in message.responses:
+                pending = self._pending.get(response.batch)
+                if pending is not None:
+                    self._deliver(pending, response)
+            process = self._process
+            if process is not None:
+                process.flush_frees()
+        elif isinstance(message, p.BlsCall):
+            self._free(message.frees)
+            self._bls(message)
+        elif isinstance(message, p.BlsCancel):
+            cancel = self._calls.pop(message.call, None)
+            if cancel is not None:
+                cancel()
+        elif isinstance(message, p.Query):
+            self._query(message)
+        elif isinstance(message, p.Log):
+            log_from_model(self.name, message)
+        elif isinstance(message, p.Frees):
+            self._free(message.frees)
+
+    def _free(self, flat: list[int]) -> None:
+        process = self._process
+        if flat and process is not None and process.arena is not None:
+            for segment, offset in p.pairs(flat):
+                process.arena.free(segment, offset)
+
+    def _on_executed(self, message: p.Executed) -> None:
+        pending = self._pending.get(message.batch)
+        if pending is None:
+            return
+        for response in message.responses:
+            self._deliver(pending, response)
+        if message.error is not None:
+            self._fail_open(pending, InternalError(message.error))
+        elif not self.decoupled and pending.open:
+            self._fail_open(pending, InternalError(
+                f"model '{self.model.config.name}' returned no response for a request: execute must return "
+                "one InferenceResponse per request or send it through the request's response sender"))
+        pending.executed.set()
+        self._finish_if_done(pending)
+
+    def _deliver(self, pending: _Pending, response: p.Response) -> None:
+        index = response.index
+        if index not in pending.open:
+            return  # already answered: the first final response stands
+        process = self._process
+        result: RequestResult | None
+        if response.error is not None:
+            result = NaiadError(response.error, _status(response.code))
+        elif response.outputs or not response.final or pending.send is None:
+            result = _outputs(process, response) if process is not None else InternalError("model process gone")
+        else:
+            result = None  # a flags-only final response
+        if response.final:
+            pending.open.discard(index)
+        if pending.send is not None:
+            pending.send(index, result, response.final)
+        elif response.final:
+            pending.results[index] = result if result is not None else {}
+        if response.final:
+            self._finish_if_done(pending)
+
+    def _fail_open(self, pending: _Pending, error: NaiadError) -> None:
+        for index in sorted(pending.open):
+            if pending.send is not None:
+                pending.send(index, error, True)
+            else:
+                pending.results[index] = error
+        pending.open.clear()
+        pending.executed.set()
+        pending.done.set()
+
+    def _finish_if_done(self, pending: _Pending) -> None:
+        if pending.open or not pending.executed.is_set():
+            return
+        pending.done.set()
+        with self._lock:
+            self._pending.pop(pending.batch_id, None)
+
+    def _query(self, message: p.Query) -> None:
+        if message.op == "is_cancelled":
+            batch_id, index = message.args
+            pending = self._pending.get(batch_id)
+            cancelled = pending is not None and pending.batch.is_cancelled(index)
+            self._answer(p.Answer(message.call, cancelled))
+            return
+        # model control waits for loads: never on the reader thread
+        threading.Thread(target=self._control, args=(message,), daemon=True, name=f"{self.name}-control").start()
+
+    def _control(self, message: p.Query) -> None:
+        host = self.model.host
+        try:
+            if host is None:
+                raise Unavailable("model control is not available")
+            value = host.control(message.op, list(message.args))
+            answer = p.Answer(message.call, value)
+        except Exception as error:
+            answer = p.Answer(message.call, None, str(error) or type(error).__name__)
+        self._answer(answer)
+
+    def _answer(self, answer: p.Answer) -> None:
+        process = self._process
+        if process is not None:
+            with contextlib.suppress(p.ChannelClosed):
+                process.send(answer)
+
+    # -- BLS ---------------------------------------------------------------------------------
+
+    def _bls(self, call: p.BlsCall) -> None:
+        process = self._process
+        host = self.model.host
+        if process is None:
+            return
+        call_id = call.call
+
+        def reply(response: InferResponse) -> None:
+            current = self._process
+            if current is not process:
+                return  # the caller's process is gone
+            if response.final:
+                self._calls.pop(call_id, None)
+            with contextlib.suppress(p.ChannelClosed, NaiadError):
+                process.send(p.BlsReply(call_id, _bls_response(process, call_id, response), process.take_frees()))
+
+        if host is None:
+            reply(_error_response(call, Unavailable("BLS is not available")))
+            return
+        try:
+            request = _bls_request(process, call)
+            cancel = host.submit(request, reply, call.decoupled)
+        except NaiadError as error:
+            reply(_error_response(call, error))
+            return
+        self._calls[call_id] = cancel
+
+
+def _status(name: str) -> Status:
+    try:
+        return Status(name)
+    except ValueError:
+        return Status.INTERNAL
+
+
+def _write(process: StubProcess, name: str, datatype: DataType, data: np.ndarray) -> p.TensorRef:
+    assert process.arena is not None
+    if datatype is DataType.BYTES:
+        segment, offset, nbytes = process.arena.write_bytes(p.serialize_bytes(data))
+    else:
+        segment, offset, nbytes = process.arena.write(data)
+    return p.TensorRef(name, datatype.value, list(data.shape), segment, offset, nbytes)
+
+
+def _array(process: StubProcess, ref: p.TensorRef) -> np.ndarray:
+    shape = tuple(ref.shape)
+    if ref.datatype == "BYTES":
+        return p.deserialize_bytes(process.segments.view(ref.segment, ref.offset, ref.nbytes), shape)
+    dtype = DataType(ref.datatype).numpy
+    return process.segments.array(ref.segment, ref.offset, ref.nbytes, dtype, shape)
+
+
+def _outputs(process: StubProcess, response: p.Response) -> ParameterizedOutputs:
+    outputs = ParameterizedOutputs({ref.name: _array(process, ref) for ref in response.outputs})
+    if response.parameters and response.parameters != "{}":
+        outputs.parameters = json.loads(response.parameters)
+    return outputs
+
+
+def _bls_request(process: StubProcess, call: p.BlsCall) -> InferRequest:
+    request = call.request
+    parameters: dict[str, Any] = json.loads(request.parameters) if request.parameters else {}
+    if request.correlation_id:
+        parameters["sequence_id"] = request.correlation_id
+    if request.flags & 1:
+        parameters["sequence_start"] = True
+    if request.flags & 2:
+        parameters["sequence_end"] = True
+    if request.timeout:
+        parameters["timeout"] = request.timeout
+    inputs = []
+    for ref in request.inputs:
+        try:
+            datatype = DataType(ref.datatype)
+        except ValueError:
+            raise InvalidArgument(f"unsupported datatype '{ref.datatype}' for input '{ref.name}'") from None
+        inputs.append(Tensor(ref.name, datatype, tuple(ref.shape), _array(process, ref)))
+    outputs = [RequestedOutput(name) for name in request.outputs] or None
+    version = call.model_version if call.model_version > 0 else None
+    return InferRequest(call.model_name, version, inputs, outputs, request.id, parameters)
+
+
+def _bls_response(process: StubProcess, call: int, response: InferResponse) -> p.Response:
+    if response.error is not None:
+        error = response.error
+        status = error.status.value if isinstance(error, NaiadError) else "INTERNAL"
+        return p.Response(call, 0, [], str(error), status, final=response.final)
+    outputs = [_write(process, t.name, t.datatype, t.data) for t in response.outputs]
+    parameters = json.dumps(response.parameters) if response.parameters else "{}"
+    return p.Response(call, 0, outputs, parameters=parameters, final=response.final)
+
+
+def _error_response(call: p.BlsCall, error: Exception) -> InferResponse:
+    return InferResponse(call.model_name, str(call.model_version), call.request.id, error=error)

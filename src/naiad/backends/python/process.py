@@ -1,0 +1,151 @@
+"""One model process seen from the server: start it, talk to it, notice when it dies.
+
+`StubProcess` owns the child process, the socket pair, the server's arena (what the server writes
+for the model: request inputs, BLS outputs) and the map of the model's arena (its outputs, BLS
+inputs). It starts a reader thread once the model initialized; every message after that goes to
+the `on_message` callback, and end of stream (the process died or closed) to `on_exit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from naiad.backends.python import protocol as p
+from naiad.backends.python.shm import Arena, PendingFrees, SegmentMap
+from naiad.errors import InternalError, Unavailable
+
+log = logging.getLogger("naiad.backends.python")
+
+#: how many finished-with locations wait before they go back without other traffic
+FREES_FLUSH = 64
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+
+def log_from_model(model: str, message: p.Log) -> None:
+    """A pb_utils.Logger line from model code, in the server's log."""
+    level = _LOG_LEVELS.get(message.level, logging.INFO)
+    if log.isEnabledFor(level):
+        log.log(level, "%s:%d] %s: %s", os.path.basename(message.filename), message.line, model, message.message)
+
+
+class StubProcess:
+    def __init__(self, name: str, python: str, env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self._python = python
+        self._env = env
+        self.frees = PendingFrees()  # the model's allocations the server is done with
+        self.segments = SegmentMap(self.frees)
+        self.channel: p.Channel | None = None
+        self.arena: Arena | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            command = [self._python, "-m", "naiad.backends.python.stub", str(theirs.fileno())]
+            self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=self._env)
+        except OSError as error:
+            ours.close()
+            raise Unavailable(f"failed to start the model process for '{self.name}': {error}") from None
+        finally:
+            theirs.close()
+        self.channel = p.Channel(ours)
+        self.arena = Arena(f"naiad-{self.name}", self._announce)
+
+    def handshake(self, first: p.Init | p.AutoComplete, timeout: float) -> p.Ready | p.AutoCompleted:
+        """Send the first message and wait for the model's answer (logs may come first)."""
+        assert self.channel is not None
+        self.channel.send(first)
+        self.channel.sock.settimeout(timeout)
+        try:
+            while True:
+                message = self.channel.recv()
+                if isinstance(message, p.Ready | p.AutoCompleted):
+                    return message
+                if isinstance(message, p.Log):
+                    log_from_model(self.name, message)
+                elif isinstance(message, p.Segment):
+                    self.segments.add(message.segment, self.channel.take_fd(), message.size)
+        except p.ChannelClosed as error:
+            code = self.process.poll() if self.process is not None else None
+            if "timed out" in str(error):
+                raise Unavailable(f"timed out after {timeout:g} s waiting for the model process of "
+                                  f"'{self.name}' to start") from None
+            raise Unavailable(f"the model process of '{self.name}' exited during start-up (exit code {code})"
+                              ) from None
+        finally:
+            self.channel.sock.settimeout(None)
+
+    def run(self, on_message: Callable[[Any], None], on_exit: Callable[[], None]) -> None:
+        """Start the reader thread."""
+
+        def read() -> None:
+            assert self.channel is not None
+            try:
+                while True:
+                    message = self.channel.recv()
+                    if isinstance(message, p.Segment):
+                        self.segments.add(message.segment, self.channel.take_fd(), message.size)
+                    else:
+                        on_message(message)
+            except p.ChannelClosed:
+                pass
+            except Exception:  # a bug here must not leave requests waiting forever
+                log.exception("model process reader for '%s' failed", self.name)
+            on_exit()
+
+        self._reader = threading.Thread(target=read, name=f"{self.name}-reader", daemon=True)
+        self._reader.start()
+
+    def send(self, message: Any) -> None:
+        if self.channel is None:
+            raise InternalError(f"the model process of '{self.name}' is not running")
+        self.channel.send(message)
+
+    def take_frees(self) -> list[int]:
+        return p.flat_frees(self.frees.take())
+
+    def flush_frees(self) -> None:
+        """Give back what the server finished reading, when enough waits and nothing else goes out."""
+        if len(self.frees) >= FREES_FLUSH:
+            self.send(p.Frees(self.take_frees()))
+
+    def _announce(self, segment: int, fd: int, size: int) -> None:
+        assert self.channel is not None
+        self.channel.send(p.Segment(segment, size), fds=(fd,))
+
+    def stop(self, timeout: float) -> None:
+        """Ask the model to finalize and exit; kill it after `timeout` seconds."""
+        if self.channel is not None:
+            with contextlib.suppress(p.ChannelClosed):
+                self.channel.send(p.Shutdown())
+        if self.process is not None:
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("model process of '%s' did not exit in %g s: killing it", self.name, timeout)
+                self.process.kill()
+                self.process.wait()
+        self.close()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.close()
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        if self.arena is not None:
+            self.arena.close()
+        # the model's segments stay mapped while the server still holds views of them (responses
+        # being written): the mappings go with the last view

@@ -1,0 +1,458 @@
+"""The model process: runs one instance of a Triton `model.py` (`python -m ... stub FD`).
+
+The server starts one of these per model instance with one end of a Unix socket pair as FD.
+Two threads: the reader takes every message off the socket (new work, BLS replies, answers,
+segments, frees) and never runs model code; the main thread runs `execute` batch after batch.
+`async def execute` coroutines run on an asyncio loop of their own; for decoupled models the
+main thread does not wait for them, so several batches can be in flight, as in Triton.
+
+Imports only the standard library, numpy, msgspec and its sibling modules, so it also runs
+under a model's own environment (EXECUTION_ENV_PATH).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from naiad.backends.python import pb_utils
+from naiad.backends.python import protocol as p
+from naiad.backends.python.shm import Arena, PendingFrees, SegmentMap
+
+# naiad Status names by pb_utils.TritonError code, and back
+_STATUS_BY_CODE = {
+    pb_utils.TritonError.UNKNOWN: "UNKNOWN",
+    pb_utils.TritonError.INTERNAL: "INTERNAL",
+    pb_utils.TritonError.NOT_FOUND: "NOT_FOUND",
+    pb_utils.TritonError.INVALID_ARG: "INVALID_ARG",
+    pb_utils.TritonError.UNAVAILABLE: "UNAVAILABLE",
+    pb_utils.TritonError.UNSUPPORTED: "UNSUPPORTED",
+    pb_utils.TritonError.ALREADY_EXISTS: "ALREADY_EXISTS",
+    pb_utils.TritonError.CANCELLED: "CANCELLED",
+}
+_CODE_BY_STATUS = {name: code for code, name in _STATUS_BY_CODE.items()}
+
+
+def _describe(error: BaseException) -> str:
+    """How an exception from model code reads in the response: Triton shows the message only."""
+    return str(error) or type(error).__name__
+
+
+class _Handle:
+    """What a received request's response sender points at."""
+
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: int, index: int) -> None:
+        self.batch = batch
+        self.index = index
+
+
+class _BlsStream:
+    """The iterator `exec(decoupled=True)` returns: responses as the called model sends them."""
+
+    def __init__(self, stub: Stub, call: int, responses: queue.SimpleQueue[Any]) -> None:
+        self._stub = stub
+        self._call = call
+        self._responses = responses
+        self._done = False
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        response, final = self._responses.get()
+        if final:
+            self._done = True
+            self._stub.forget_call(self._call)
+        return response
+
+    def cancel(self) -> None:
+        self._stub.channel.send(p.BlsCancel(self._call))
+
+
+class Stub:
+    """The model process's side of the channel; also pb_utils' runtime."""
+
+    def __init__(self, channel: p.Channel) -> None:
+        self.channel = channel
+        self.frees = PendingFrees()  # the server's allocations we are done with
+        self.segments = SegmentMap(self.frees)
+        self.arena = Arena(f"naiad-stub-{os.getpid()}", self._announce)
+        self.work: queue.SimpleQueue[p.Execute | p.Shutdown] = queue.SimpleQueue()
+        self._calls: dict[int, Any] = {}  # call id -> Future / queue for BLS calls and queries
+        self._call_ids = itertools.count(1)
+        self.model: Any = None
+        self.decoupled = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.down = False
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def load(self, model_file: str) -> Any:
+        """Import model.py with its directory on sys.path (Triton does the same) and return
+        its TritonPythonModel class."""
+        directory = os.path.dirname(model_file)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        spec = importlib.util.spec_from_file_location("model", model_file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {model_file}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model"] = module
+        spec.loader.exec_module(module)
+        return module.TritonPythonModel
+
+    def initialize(self, message: p.Init) -> None:
+        self.decoupled = message.decoupled
+        cls = self.load(message.model_file)
+        self.model = cls()
+        if hasattr(self.model, "initialize"):
+            result = self.model.initialize(dict(message.args))
+            if inspect.isawaitable(result):
+                self.run_coroutine(result).result()
+
+    def run_coroutine(self, coroutine: Any) -> Future[Any]:
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, name="model-asyncio", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    # -- reader thread -----------------------------------------------------------------------
+
+    def read(self) -> None:
+        """Dispatch every message from the server until the socket closes."""
+        channel = self.channel
+        try:
+            while True:
+                message = channel.recv()
+                if isinstance(message, p.Execute):
+                    self._free(message.frees)
+                    self.work.put(message)
+                elif isinstance(message, p.BlsReply):
+                    self._free(message.frees)
+                    self._bls_reply(message)
+                elif isinstance(message, p.Answer):
+                    future = self._calls.pop(message.call, None)
+                    if future is not None:
+                        future.set_result(message)
+                elif isinstance(message, p.Segment):
+                    self.segments.add(message.segment, channel.take_fd(), message.size)
+                elif isinstance(message, p.Frees):
+                    self._free(message.frees)
+                elif isinstance(message, p.Shutdown):
+                    break
+        except p.ChannelClosed:
+            pass
+        self.down = True
+        self.work.put(p.Shutdown())
+        for pending in list(self._calls.values()):  # nobody will answer these any more
+            if isinstance(pending, Future) and not pending.done():
+                pending.set_result(p.Answer(0, error="the server closed the connection"))
+            elif isinstance(pending, queue.SimpleQueue):
+                pending.put((pb_utils.InferenceResponse(error=pb_utils.TritonError("server went away")), True))
+
+    def _free(self, flat: list[int]) -> None:
+        for segment, offset in p.pairs(flat):
+            self.arena.free(segment, offset)
+
+    def _bls_reply(self, message: p.BlsReply) -> None:
+        target = self._calls.get(message.call)
+        response = self._to_response(message.response)
+        if isinstance(target, queue.SimpleQueue):
+            target.put((response, message.response.final))
+        elif target is not None:
+            self._calls.pop(message.call, None)
+            target.set_result(response)
+
+    # -- main thread -------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        while True:
+            message = self.work.get()
+            if isinstance(message, p.Shutdown):
+                return
+            self._execute(message)
+
+    def _execute(self, message: p.Execute) -> None:
+        batch = message.batch
+        requests = [self._to_request(batch, i, r) for i, r in enumerate(message.requests)]
+        count = len(requests)
+        try:
+            result = self.model.execute(requests)
+        except BaseException as error:
+            self._executed(batch, [], error)
+            return
+        if inspect.isawaitable(result):
+            future = self.run_coroutine(result)
+            if self.decoupled:  # responses go through the senders: free the instance at once
+                self._executed(batch, [], None)
+                future.add_done_callback(lambda done: self._async_failed(batch, count, done))
+                return
+            try:
+                result = future.result()
+            except BaseException as error:
+                self._executed(batch, [], error)
+                return
+        del requests  # their inputs go back to the server as soon as the model drops them too
+        self._executed(batch, self._returned(batch, count, result), None)
+
+    def _returned(self, batch: int, count: int, result: Any) -> list[p.Response] | BaseException:
+        """The responses `execute` returned, checked as Triton checks them. Requests answered
+        through their response sender already are answered again here only if the model returned
+        a response for them too; the server keeps the first final response."""
+        if self.decoupled:
+            if result is not None:
+                return pb_utils.TritonModelException(
+                    "Python model is using the decoupled mode and the execute function must return None.")
+            return []
+        if result is None:
+            return []  # answered through response senders, or not at all (the server checks)
+        if not isinstance(result, list | tuple):
+            return pb_utils.TritonModelException("Expected a list in the execute return")
+        if len(result) != count:
+            return pb_utils.TritonModelException(
+                "Number of InferenceResponse objects do not match number of InferenceRequest objects. "
+                f"InferenceRequest(s) size is:{count}, and InferenceResponse(s) size is:{len(result)}")
+        responses = []
+        for index, response in enumerate(result):
+            if not isinstance(response, pb_utils.InferenceResponse):
+                return pb_utils.TritonModelException("Expected an 'InferenceResponse' object in the execute "
+                                                     f"function return list, found type '{type(response)}'.")
+            responses.append(self._from_response(batch, index, response, True))
+        return responses
+
+    def _executed(self, batch: int, responses: list[p.Response] | BaseException, error: BaseException | None) -> None:
+        if isinstance(responses, BaseException):
+            error, responses = responses, []
+        text = None if error is None else _describe(error)
+        self.channel.send(p.Executed(batch, responses, text, p.flat_frees(self.frees.take())))
+
+    def _async_failed(self, batch: int, count: int, done: Future[Any]) -> None:
+        """A decoupled `async def execute` that raised: its open requests fail like a raising
+        plain `execute` would fail them."""
+        error = done.exception()
+        if error is None:
+            return
+        message = _describe(error)  # the server ignores it for requests already answered
+        self.channel.send(p.Sent([p.Response(batch, i, [], message, "INTERNAL") for i in range(count)]))
+
+    # -- requests and responses across the boundary ------------------------------------------
+
+    def _to_request(self, batch: int, index: int, request: p.Request) -> Any:
+        inputs = [pb_utils.Tensor(ref.name, self._array(ref)) for ref in request.inputs]
+        return pb_utils.InferenceRequest._received(
+            inputs=inputs, request_id=request.id, correlation_id=request.correlation_id, flags=request.flags,
+            timeout=request.timeout, parameters=request.parameters, requested_output_names=request.outputs,
+            model_name=self.model_name, model_version=self.model_version, handle=_Handle(batch, index),
+            decoupled=self.decoupled)
+
+    def _array(self, ref: p.TensorRef) -> np.ndarray:
+        shape = tuple(ref.shape)
+        if ref.datatype == "BYTES":
+            block = self.segments.view(ref.segment, ref.offset, ref.nbytes)
+            return p.deserialize_bytes(block, shape)  # copies out: the block goes back at once
+        dtype = pb_utils.triton_string_to_numpy("TYPE_" + ref.datatype) if ref.datatype != "BF16" else np.uint16
+        return self.segments.array(ref.segment, ref.offset, ref.nbytes, np.dtype(dtype), shape)
+
+    def _write(self, name: str, array: np.ndarray) -> p.TensorRef:
+        array = np.asarray(array)
+        if array.dtype.kind in "OSU":
+            segment, offset, nbytes = self.arena.write_bytes(p.serialize_bytes(array))
+            datatype = "BYTES"
+        else:
+            segment, offset, nbytes = self.arena.write(array)
+            datatype = _datatype(array.dtype)
+        return p.TensorRef(name, datatype, list(array.shape), segment, offset, nbytes)
+
+    def _from_response(self, batch: int, index: int, response: Any, final: bool) -> p.Response:
+        if response is None:
+            return p.Response(batch, index, [], final=final)
+        if response.has_error():
+            error = response.error()
+            return p.Response(batch, index, [], error.message(), _STATUS_BY_CODE.get(error.code(), "INTERNAL"),
+                              final=final)
+        outputs = [self._write(tensor.name(), tensor.as_numpy()) for tensor in response.output_tensors()]
+        parameters = response.parameters()
+        return p.Response(batch, index, outputs, parameters=parameters or "{}", final=final)
+
+    def _to_response(self, response: p.Response) -> Any:
+        if response.error is not None:
+            code = _CODE_BY_STATUS.get(response.code, pb_utils.TritonError.INTERNAL)
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(response.error, code))
+        outputs = [pb_utils.Tensor(ref.name, self._array(ref)) for ref in response.outputs]
+        return pb_utils.InferenceResponse(output_tensors=outputs, parameters=json.loads(response.parameters))
+
+    # -- pb_utils runtime --------------------------------------------------------------------
+
+    model_name = ""
+    model_version = 0
+
+    def send(self, handle: object, response: Any, flags: int) -> None:
+        assert isinstance(handle, _Handle)
+        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        message = self._from_response(handle.batch, handle.index, response, final)
+        self.channel.send(p.Sent([message], p.flat_frees(self.frees.take())))
+
+    def is_cancelled(self, handle: object) -> bool:
+        assert isinstance(handle, _Handle)
+        answer = self._query("is_cancelled", [handle.batch, handle.index])
+        return bool(answer)
+
+    def _bls_call(self, request: Any, decoupled: bool) -> tuple[int, p.BlsCall]:
+        call = next(self._call_ids)
+        inputs = [self._write(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()]
+        parameters = request.parameters()
+        message = p.BlsCall(
+            call, request.model_name(), int(request.model_version()),
+            p.Request(request.request_id(), request.correlation_id(), request.flags(), request.timeout(),
+                      parameters if isinstance(parameters, str) else json.dumps(parameters),
+                      list(request.requested_output_names()), inputs),
+            decoupled, p.flat_frees(self.frees.take()))
+        return call, message
+
+    def exec(self, request: Any, decoupled: bool) -> Any:
+        if self.down:
+            raise pb_utils.TritonModelException("the server closed the connection")
+        call, message = self._bls_call(request, decoupled)
+        if decoupled:
+            responses: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            self._calls[call] = responses
+            self.channel.send(message)
+            return _BlsStream(self, call, responses)
+        future: Future[Any] = Future()
+        self._calls[call] = future
+        self.channel.send(message)
+        return future.result()
+
+    async def async_exec(self, request: Any, decoupled: bool) -> Any:
+        if decoupled:  # the iterator blocks on each next(); hand it over once the call is sent
+            return self.exec(request, True)
+        call, message = self._bls_call(request, False)
+        future: Future[Any] = Future()
+        self._calls[call] = future
+        self.channel.send(message)
+        return await asyncio.wrap_future(future)
+
+    def forget_call(self, call: int) -> None:
+        self._calls.pop(call, None)
+
+    def log(self, level: int, message: str, filename: str, line: int) -> None:
+        try:
+            self.channel.send(p.Log(int(level), str(message), filename, line))
+        except p.ChannelClosed:
+            print(message, file=sys.stderr)
+
+    def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
+        self._query("load_model", [model_name, config or "", dict(files or {})])
+
+    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
+        self._query("unload_model", [model_name, bool(unload_dependents)])
+
+    def is_model_ready(self, model_name: str, model_version: str) -> bool:
+        return bool(self._query("is_model_ready", [model_name, str(model_version or "")]))
+
+    def _query(self, op: str, args: list[Any]) -> Any:
+        call = next(self._call_ids)
+        future: Future[p.Answer] = Future()
+        self._calls[call] = future
+        self.channel.send(p.Query(call, op, args))
+        answer = future.result()
+        if answer.error is not None:
+            raise pb_utils.TritonModelException(answer.error)
+        return answer.value
+
+    # -- shared memory -----------------------------------------------------------------------
+
+    def _announce(self, segment: int, fd: int, size: int) -> None:
+        self.channel.send(p.Segment(segment, size), fds=(fd,))
+
+
+def _datatype(dtype: np.dtype[Any]) -> str:
+    name = pb_utils.numpy_to_triton_type(dtype.type)
+    if name is None:
+        raise pb_utils.TritonModelException(f"unsupported numpy dtype {dtype} in an output tensor")
+    text = str(name) if not isinstance(name, int) else _TYPE_NAMES[name]
+    return text.removeprefix("TYPE_")
+
+
+# pb_utils.numpy_to_triton_type answers TRITONSERVER_DataType enum values (ints), as upstream
+_TYPE_NAMES = {1: "BOOL", 2: "UINT8", 3: "UINT16", 4: "UINT32", 5: "UINT64", 6: "INT8", 7: "INT16", 8: "INT32",
+               9: "INT64", 10: "FP16", 11: "FP32", 12: "FP64", 13: "BYTES", 14: "BF16"}
+
+
+def _auto_complete(stub: Stub, message: p.AutoComplete) -> p.AutoCompleted:
+    cls = stub.load(message.model_file)
+    method = getattr(cls, "auto_complete_config", None)
+    if method is None:
+        return p.AutoCompleted(None)
+    config = pb_utils.ModelConfig(json.loads(message.config))
+    completed = method(config)
+    if completed is None:
+        completed = config
+    return p.AutoCompleted(json.dumps(completed.as_dict()))
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    channel = p.Channel(sock)
+    stub = Stub(channel)
+    sys.modules["triton_python_backend_utils"] = pb_utils
+    first = channel.recv()
+    if isinstance(first, p.AutoComplete):
+        try:
+            reply = _auto_complete(stub, first)
+        except BaseException as error:
+            reply = p.AutoCompleted(error=_failure(error))
+        channel.send(reply)
+        return 0
+    if not isinstance(first, p.Init):
+        return 2
+    stub.model_name = first.args.get("model_name", "")
+    stub.model_version = int(first.args.get("model_version", "0") or 0)
+    pb_utils._set_runtime(stub)
+    reader = threading.Thread(target=stub.read, name="model-reader", daemon=True)
+    reader.start()
+    try:
+        stub.initialize(first)
+    except BaseException as error:
+        channel.send(p.Ready(_failure(error)))
+        return 1
+    channel.send(p.Ready())
+    stub.serve()
+    if hasattr(stub.model, "finalize"):
+        try:
+            stub.model.finalize()
+        except BaseException:
+            traceback.print_exc()
+    return 0
+
+
+def _failure(error: BaseException) -> str:
+    """An initialize / auto-complete failure as the model index shows it: the exception's message,
+    then the traceback for whoever reads the log."""
+    lines = traceback.format_exception(error)
+    return f"{_describe(error)}\n{''.join(lines)}"
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # daemon threads (reader, model threads) must not keep the process

@@ -1,0 +1,252 @@
+"""Triton-style model.py files (tests/e2e/python_models) served by a real naiad through tritonclient
+over HTTP and gRPC: tensors in and out, BYTES, decoupled streaming, BLS, errors from model code, a
+model process killed mid-request, auto-complete, the initialize args, async execute, cancellation."""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import ServerProcess, running_server
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.e2e
+
+PYTHON_MODELS = Path(__file__).parent / "python_models"
+WAIT = 30  # seconds: a bound on every wait, never reached when things work
+CLIENTS = {"http": httpclient, "grpc": grpcclient}
+
+
+@pytest.fixture(scope="module")
+def server(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    args = ["--model-repository", str(PYTHON_MODELS), "--model-repository", str(example_repo),
+            "--exit-on-error=false", "--strict-readiness=false"]
+    with running_server(args, tmp_path_factory.mktemp("python") / "naiad.log") as running:
+        yield running
+
+
+def client(server: ServerProcess, protocol: str) -> Any:
+    if protocol == "http":
+        return httpclient.InferenceServerClient(server.url)
+    return grpcclient.InferenceServerClient(server.grpc_url)
+
+
+def tensor(protocol: str, name: str, array: np.ndarray, datatype: str) -> Any:
+    made = CLIENTS[protocol].InferInput(name, list(array.shape), datatype)
+    made.set_data_from_numpy(array)
+    return made
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_add_sub(server: ServerProcess, protocol: str) -> None:
+    a = np.array([1.5, 2, 3, 4], dtype=np.float32)
+    b = np.array([0.5, 1, -1, 10], dtype=np.float32)
+    result = client(server, protocol).infer(
+        "add_sub", [tensor(protocol, "INPUT0", a, "FP32"), tensor(protocol, "INPUT1", b, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bytes_in_and_out_with_response_parameters(server: ServerProcess, protocol: str) -> None:
+    text = np.array([["héllo wörld".encode(), b"", b"abc"]], dtype=np.object_)
+    result = client(server, protocol).infer("bytes_upper", [tensor(protocol, "TEXT", text, "BYTES")])
+    assert result.as_numpy("UPPER").tolist() == [["HÉLLO WÖRLD".encode(), b"", b"ABC"]]
+    assert result.as_numpy("LENGTH").tolist() == [[11, 0, 3]]
+    response = result.get_response()
+    if protocol == "http":
+        assert response["parameters"] == {"batch_requests": 1}
+    else:
+        assert response.parameters["batch_requests"].int64_param == 1
+
+
+def test_many_concurrent_requests_all_answered_correctly(server: ServerProcess) -> None:
+    """Two instances, many requests in flight: each answer belongs to its own request."""
+    http = httpclient.InferenceServerClient(server.url, concurrency=16)
+    pending = []
+    for i in range(64):
+        a = np.full(4, i, dtype=np.float32)
+        b = np.arange(4, dtype=np.float32)
+        pending.append((i, http.async_infer("add_sub", [tensor("http", "INPUT0", a, "FP32"),
+                                                        tensor("http", "INPUT1", b, "FP32")])))
+    for i, call in pending:
+        np.testing.assert_array_equal(call.get_result().as_numpy("OUTPUT0"), i + np.arange(4, dtype=np.float32))
+
+
+def _stream_answers(server: ServerProcess, model: str, inputs: list[Any], count: int,
+                    request_id: str = "r") -> list[tuple[Any, float]]:
+    answers: queue.Queue[tuple[Any, Any, float]] = queue.Queue()
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error, time.monotonic())))
+    try:
+        grpc.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+        got = []
+        for _ in range(count):
+            result, error, at = answers.get(timeout=WAIT)
+            assert error is None, error
+            got.append((result, at))
+        return got
+    finally:
+        grpc.stop_stream()
+        grpc.close()
+
+
+def test_decoupled_model_streams_each_response_as_it_is_sent(server: ServerProcess) -> None:
+    values = np.array([10, 20, 30], dtype=np.int32)
+    delays = np.array([0, 300, 300], dtype=np.uint32)
+    inputs = [tensor("grpc", "IN", values, "INT32"), tensor("grpc", "DELAY", delays, "UINT32")]
+    answers = _stream_answers(server, "repeat_py", inputs, 4)
+    outputs = [(int(r.as_numpy("OUT")[0]), int(r.as_numpy("IDX")[0])) for r, _ in answers[:3]]
+    assert outputs == [(10, 0), (20, 1), (30, 2)]
+    final = answers[3][0].get_response()
+    assert final.parameters["triton_final_response"].bool_param and not final.outputs
+    # the first response arrived while the model was still sleeping before the second
+    assert answers[1][1] - answers[0][1] > 0.2
+
+
+def test_decoupled_model_refused_on_unary_endpoints(server: ServerProcess) -> None:
+    values = np.array([1], dtype=np.int32)
+    with pytest.raises(InferenceServerException, match="doesn't support models with decoupled transaction policy"):
+        httpclient.InferenceServerClient(server.url).infer("repeat_py", [tensor("http", "IN", values, "INT32")])
+    with pytest.raises(InferenceServerException, match="decoupled"):
+        grpcclient.InferenceServerClient(server.grpc_url).infer("repeat_py", [tensor("grpc", "IN", values, "INT32")])
+
+
+def _bls(server: ServerProcess, target: str, protocol: str = "http") -> Any:
+    in0 = np.arange(16, dtype=np.int32)
+    in1 = np.full(16, 2, dtype=np.int32)
+    inputs = [tensor(protocol, "INPUT0", in0, "INT32"), tensor(protocol, "INPUT1", in1, "INT32"),
+              tensor(protocol, "TARGET", np.array([target.encode()], dtype=np.object_), "BYTES")]
+    return client(server, protocol).infer("bls", inputs)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bls_calls_an_onnx_model(server: ServerProcess, protocol: str) -> None:
+    result = _bls(server, "simple", protocol)
+    # "simple" version 2 (the latest) answers OUTPUT0 = INPUT0 - INPUT1
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.arange(16, dtype=np.int32) - 2)
+
+
+def test_bls_streams_from_a_decoupled_model(server: ServerProcess) -> None:
+    result = _bls(server, "repeat_py")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.arange(16, dtype=np.int32))
+    assert result.as_numpy("COUNT").tolist() == [16]
+
+
+def test_bls_error_reaches_the_caller(server: ServerProcess) -> None:
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'no_such_model' is not found"):
+        _bls(server, "no_such_model")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_errors_from_model_code(server: ServerProcess, protocol: str) -> None:
+    raises = client(server, protocol)
+
+    def call(value: int) -> Any:
+        return raises.infer("raises", [tensor(protocol, "IN", np.array([value], dtype=np.int32), "INT32")])
+
+    assert call(5).as_numpy("OUT").tolist() == [5]
+    with pytest.raises(InferenceServerException, match="IN must not be negative") as bad:
+        call(-1)
+    assert bad.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    with pytest.raises(InferenceServerException, match="execute raised on purpose") as raised:
+        call(999)
+    assert raised.value.status() in ("500", "StatusCode.INTERNAL")
+    assert call(6).as_numpy("OUT").tolist() == [6]  # the model process is still serving
+
+
+def test_killed_model_process_fails_only_its_request_and_is_replaced(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+
+    def call(value: int) -> Any:
+        return http.infer("crash", [tensor("http", "IN", np.array([value], dtype=np.int32), "INT32")])
+
+    before = int(call(0).as_numpy("PID")[0])
+    with pytest.raises(InferenceServerException, match="Stub process 'crash_0' is not healthy"):
+        call(1)
+    after = call(7)  # waits for the new process if it is still starting
+    assert after.as_numpy("OUT").tolist() == [7]
+    assert int(after.as_numpy("PID")[0]) != before
+    assert http.is_model_ready("crash")
+    # other models never noticed
+    assert _bls(server, "simple").as_numpy("OUTPUT0")[0] == -2
+
+
+def test_auto_complete_config_fills_the_config(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    config = http.get_model_config("auto_complete")
+    assert config["max_batch_size"] == 4
+    assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [("X", "TYPE_FP32", [2])]
+    assert [(o["name"], o["data_type"], o["dims"]) for o in config["output"]] == [("Y", "TYPE_FP32", [2])]
+    assert "dynamic_batching" in config
+    x = np.array([[1, 2], [3, 4]], dtype=np.float32)
+    np.testing.assert_array_equal(http.infer("auto_complete", [tensor("http", "X", x, "FP32")]).as_numpy("Y"), 2 * x)
+
+
+def test_initialize_gets_triton_s_seven_args(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    result = http.infer("init_args", [tensor("http", "IN", np.array([0], dtype=np.int32), "INT32")])
+    args = json.loads(result.as_numpy("ARGS")[0])
+    assert sorted(args) == sorted(["model_config", "model_instance_kind", "model_instance_name",
+                                   "model_instance_device_id", "model_repository", "model_version", "model_name"])
+    assert all(isinstance(v, str) for v in args.values())
+    assert (args["model_name"], args["model_version"], args["model_instance_kind"]) == ("init_args", "1", "CPU")
+    assert args["model_instance_name"] == "init_args_0"
+    assert args["model_instance_device_id"] == "0"
+    assert Path(args["model_repository"]).resolve() == (PYTHON_MODELS / "init_args").resolve()
+    config = json.loads(args["model_config"])
+    assert config["name"] == "init_args"
+    assert config["parameters"] == {"greeting": {"string_value": "hello"}}
+
+
+def test_async_execute_awaits_bls(server: ServerProcess) -> None:
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    in0 = np.arange(16, dtype=np.int32)
+    in1 = np.ones(16, dtype=np.int32)
+    result = grpc.infer("async_add", [tensor("grpc", "INPUT0", in0, "INT32"), tensor("grpc", "INPUT1", in1, "INT32")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), in0 - in1)
+
+
+def test_cancelled_stream_is_seen_by_is_cancelled(server: ServerProcess) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    grpc.async_stream_infer("cancellable", [tensor("grpc", "IN", np.array([0], dtype=np.int32), "INT32")])
+    for expected in (1, 2, 3):
+        result, error = answers.get(timeout=WAIT)
+        assert error is None and int(result.as_numpy("OUT")[0]) == expected
+    grpc.stop_stream(cancel_requests=True)
+    grpc.close()
+    ask = [tensor("grpc", "IN", np.array([1], dtype=np.int32), "INT32")]
+    deadline = time.monotonic() + WAIT
+    while True:  # the model notices at its next check (every 20 ms)
+        ((answer, _),) = _stream_answers(server, "cancellable", ask, 1)
+        if int(answer.as_numpy("OUT")[0]) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert int(answer.as_numpy("OUT")[0]) == 1
+
+
+def test_initialize_failure_makes_the_model_unavailable_with_its_message(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    index = {entry["name"]: entry for entry in http.get_model_repository_index()}
+    assert index["bad_init"]["state"] == "UNAVAILABLE"
+    assert index["bad_init"]["reason"] == "bad_init cannot start: missing weights"
+    assert not http.is_model_ready("bad_init")
+
+
+def test_statistics_count_python_model_executions(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    before = http.get_inference_statistics("raises")["model_stats"][0]["inference_stats"]["success"]["count"]
+    http.infer("raises", [tensor("http", "IN", np.array([1], dtype=np.int32), "INT32")])
+    stats = http.get_inference_statistics("raises")["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] == before + 1
+    assert stats["execution_count"] >= 1
