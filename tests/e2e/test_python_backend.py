@@ -250,3 +250,42 @@ def test_statistics_count_python_model_executions(server: ServerProcess) -> None
     stats = http.get_inference_statistics("raises")["model_stats"][0]
     assert stats["inference_stats"]["success"]["count"] == before + 1
     assert stats["execution_count"] >= 1
+
+
+ENV_MODEL_PY = '''\
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.Logger.log_info("env_model initialized")
+
+    def execute(self, requests):
+        marker = os.environ.get("NAIAD_PACKED_ENV", "").encode()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("ENV", np.array([marker], dtype=np.object_))])
+                for _ in requests]
+'''
+
+
+def test_execution_env_path_runs_the_model_in_its_packed_environment(start_server: Any, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from backends.python.test_environment import pack_env
+
+    model = tmp_path / "repo" / "env_model"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(ENV_MODEL_PY)
+    pack_env(model / "env.tar.gz", "from-the-tarball")
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "ENV" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        'parameters { key: "EXECUTION_ENV_PATH" value { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
+    monkeypatch.setenv("NAIAD_CACHE_DIR", str(tmp_path / "cache"))  # inherited by the server
+    server = start_server(["--model-repository", str(tmp_path / "repo")])
+    http = httpclient.InferenceServerClient(server.url)
+    result = http.infer("env_model", [tensor("http", "IN", np.array([0], dtype=np.int32), "INT32")])
+    assert result.as_numpy("ENV").tolist() == [b"from-the-tarball"]
+    assert "env_model initialized" in server.logs()  # pb_utils.Logger lines reach the server's log

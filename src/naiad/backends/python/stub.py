@@ -194,6 +194,7 @@ class Stub:
         batch = message.batch
         requests = [self._to_request(batch, i, r) for i, r in enumerate(message.requests)]
         count = len(requests)
+        wanted = [r.outputs for r in message.requests]  # outputs nobody asked for never cross over
         try:
             result = self.model.execute(requests)
         except BaseException as error:
@@ -211,9 +212,9 @@ class Stub:
                 self._executed(batch, [], error)
                 return
         del requests  # their inputs go back to the server as soon as the model drops them too
-        self._executed(batch, self._returned(batch, count, result), None)
+        self._executed(batch, self._returned(batch, wanted, result), None)
 
-    def _returned(self, batch: int, count: int, result: Any) -> list[p.Response] | BaseException:
+    def _returned(self, batch: int, wanted: list[list[str]], result: Any) -> list[p.Response] | BaseException:
         """The responses `execute` returned, checked as Triton checks them. Requests answered
         through their response sender already are answered again here only if the model returned
         a response for them too; the server keeps the first final response."""
@@ -226,6 +227,7 @@ class Stub:
             return []  # answered through response senders, or not at all (the server checks)
         if not isinstance(result, list | tuple):
             return pb_utils.TritonModelException("Expected a list in the execute return")
+        count = len(wanted)
         if len(result) != count:
             return pb_utils.TritonModelException(
                 "Number of InferenceResponse objects do not match number of InferenceRequest objects. "
@@ -235,6 +237,8 @@ class Stub:
             if not isinstance(response, pb_utils.InferenceResponse):
                 return pb_utils.TritonModelException("Expected an 'InferenceResponse' object in the execute "
                                                      f"function return list, found type '{type(response)}'.")
+            if wanted[index]:
+                response._prune(wanted[index])
             responses.append(self._from_response(batch, index, response, True))
         return responses
 
