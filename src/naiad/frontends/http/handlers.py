@@ -15,6 +15,7 @@ from naiad.core.server import InferenceServer, Region
 from naiad.errors import InternalError, InvalidArgument, NaiadError
 from naiad.frontends import shared_memory as shm
 from naiad.frontends.http.codec import decode_infer_request, decode_raw_request, encode_infer_response
+from naiad.frontends.http.generate import generate, generate_stream
 from naiad.frontends.http.reply import Reply, json_reply
 from naiad.frontends.http.routes import Route
 from naiad.types import InferRequest, InferResponse
@@ -263,6 +264,8 @@ HANDLERS: dict[tuple[str, str], Handler] = {
     ("model_stats", "GET"): model_stats,
     ("stats_all", "GET"): stats_all,
     ("model_infer", "POST"): model_infer,
+    ("model_generate", "POST"): generate,
+    ("model_generate_stream", "POST"): generate_stream,
     ("index", "POST"): index,
     ("load", "POST"): load,
     ("unload", "POST"): unload,

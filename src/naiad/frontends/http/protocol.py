@@ -7,6 +7,9 @@ separately, and skipping ASGI's message dicts and middleware saves the rest.
 
 Requests on one connection are answered in order (HTTP/1.1 pipelining): they queue and run one
 at a time, and reading pauses while the queue is non-empty.
+
+A `StreamReply` (the generate_stream endpoint) is written as it is produced, in chunked transfer
+encoding, waiting whenever the client reads slower than the server writes.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from urllib.parse import unquote
 
 import httptools
 
-from naiad.frontends.http.reply import Reply
+from naiad.frontends.http.reply import Reply, StreamReply
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,7 @@ _LARGE_BODY = 64 * 1024  # above this, write head and body separately instead of
 
 
 class _Request:
-    __slots__ = ("body", "headers", "keep_alive", "method", "too_large", "url")
+    __slots__ = ("body", "chunked_ok", "headers", "keep_alive", "method", "too_large", "url")
 
     def __init__(self) -> None:
         self.url = b""
@@ -40,6 +43,7 @@ class _Request:
         self.body: list[bytes] = []
         self.method = ""
         self.keep_alive = True
+        self.chunked_ok = True  # HTTP/1.0 clients know no chunked encoding
         self.too_large = False
 
 
@@ -70,6 +74,8 @@ class HttpProtocol(asyncio.Protocol):
         self.queue: collections.deque[_Request] = collections.deque()
         self.task: asyncio.Task[None] | None = None
         self.paused = False
+        self.writable = asyncio.Event()  # cleared while the transport's write buffer is full
+        self.writable.set()
 
     @property
     def busy(self) -> bool:
@@ -87,6 +93,13 @@ class HttpProtocol(asyncio.Protocol):
         if self.task is not None:
             self.task.cancel()  # nobody is left to read the answer
         self.transport = None
+        self.writable.set()
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -131,6 +144,7 @@ class HttpProtocol(asyncio.Protocol):
         request = self.current
         request.method = self.parser.get_method().decode("ascii")
         request.keep_alive = self.parser.should_keep_alive()
+        request.chunked_ok = self.parser.get_http_version() != "1.0"
         self.queue.append(request)
         if self.task is None:
             self._next()
@@ -150,6 +164,7 @@ class HttpProtocol(asyncio.Protocol):
         self.task = asyncio.get_running_loop().create_task(self._run(request))
 
     async def _run(self, request: _Request) -> None:
+        keep_alive = request.keep_alive and not request.too_large
         try:
             if request.too_large:
                 reply, extra = _too_large(self.max_body), []
@@ -162,7 +177,13 @@ class HttpProtocol(asyncio.Protocol):
         except Exception:
             log.exception("unhandled error")
             reply, extra = Reply(500, b'{"error":"internal server error"}'), []
-        self._write(reply, extra, request.keep_alive and not request.too_large)
+        if isinstance(reply, StreamReply):
+            try:
+                await self._stream(reply, extra, keep_alive and request.chunked_ok, request.chunked_ok)
+            except asyncio.CancelledError:
+                return
+        else:
+            self._write(reply, extra, keep_alive)
         self.task = None
         self._next()
 
@@ -170,13 +191,7 @@ class HttpProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        head = [b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
-                % (reply.status, _REASONS.get(reply.status, b""), reply.content_type, len(reply.body))]
-        for name, value in (*reply.headers, *extra):
-            head.append(name + b": " + value + b"\r\n")
-        if not keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
+        head = _head(reply, extra, keep_alive, b"content-length: %d\r\n" % len(reply.body))
         if len(reply.body) > _LARGE_BODY:
             transport.writelines([b"".join(head), reply.body])
         else:
@@ -185,8 +200,55 @@ class HttpProtocol(asyncio.Protocol):
         if not keep_alive:
             transport.close()
 
+    async def _stream(self, reply: StreamReply, extra: list[tuple[bytes, bytes]], keep_alive: bool,
+                      chunked: bool) -> None:
+        """Write the head, then each chunk as it comes. Without chunked encoding (HTTP/1.0) the
+        body ends where the connection does. Always closes the chunk source: when the client is
+        gone this task is cancelled, and closing the source cancels the request behind it."""
+        try:
+            if self.transport is None:
+                return
+            framing = b"transfer-encoding: chunked\r\n" if chunked else b""
+            self.transport.write(b"".join(_head(reply, extra, keep_alive, framing)))
+            try:
+                async for chunk in reply.chunks:
+                    if chunk:
+                        await self._write_chunk(chunk, chunked)
+                if self.transport is not None and chunked:
+                    self.transport.write(b"0\r\n\r\n")
+            except Exception:  # CancelledError (the client left) is no Exception: it goes on up
+                # The status is out already: cutting the body short is the only way left to fail.
+                log.exception("streamed response failed")
+                keep_alive = False
+            if not keep_alive:
+                self.close()
+        finally:
+            await reply.chunks.aclose()
+
+    async def _write_chunk(self, chunk: bytes, chunked: bool) -> None:
+        if not self.writable.is_set():
+            await self.writable.wait()  # the client reads slower than we write: wait for it
+        if self.transport is None:
+            return  # the client is gone; this task's cancellation is on its way
+        if chunked:
+            self.transport.writelines([b"%x\r\n" % len(chunk), chunk, b"\r\n"])
+        else:
+            self.transport.write(chunk)
+
     def _fail(self, status: int, body: bytes) -> None:
         self._write(Reply(status, body), [], keep_alive=False)
+
+
+def _head(reply: Reply, extra: list[tuple[bytes, bytes]], keep_alive: bool, framing: bytes) -> list[bytes]:
+    """Status line and headers; `framing` is the content-length or transfer-encoding line."""
+    head = [b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\n" % (reply.status, _REASONS.get(reply.status, b""),
+                                                        reply.content_type), framing]
+    for name, value in (*reply.headers, *extra):
+        head.append(name + b": " + value + b"\r\n")
+    if not keep_alive:
+        head.append(b"connection: close\r\n")
+    head.append(b"\r\n")
+    return head
 
 
 def _too_large(limit: int) -> Reply:

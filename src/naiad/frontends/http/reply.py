@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 import msgspec
 
@@ -25,6 +26,27 @@ class Reply:
         self.body = body
         self.content_type = content_type
         self.headers = headers or []
+
+
+class Chunks(Protocol):
+    """The body of a streamed reply: chunks as they come, and `aclose` to stop producing them
+    (the protocol always calls it, so a client that goes away cancels the work behind them)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class StreamReply(Reply):
+    """A reply whose body is written as it is produced (chunked transfer encoding); the status
+    and headers go out before the first chunk."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self, status: int, chunks: Chunks, content_type: bytes,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(status, b"", content_type, headers)
+        self.chunks = chunks
 
 
 def json_reply(value: Any, status: int = 200) -> Reply:

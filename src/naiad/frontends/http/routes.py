@@ -16,7 +16,7 @@ class Route:
 
 _MODEL = re.compile(
     r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
-    r"(?:/(?P<action>infer|ready|config|stats))?$"
+    r"(?:/(?P<action>infer|generate|generate_stream|ready|config|stats))?$"
 )
 # Actions: shm_status, shm_register, shm_unregister (system) and cuda_status, ... (CUDA).
 _SHARED_MEMORY = re.compile(
