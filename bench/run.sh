@@ -6,3 +6,5 @@ bash bench/setup_peers.sh
 .venv/bin/python bench/identity.py "$@"
 # Dynamic batching: MLP and MiniLM, batching on/off, vs in-process onnxruntime and Triton (c=1..64).
 .venv/bin/python bench/batching.py
+# Python backend: the same model.py files (identity, MLP via onnxruntime) on naiad and Triton (c=1..32).
+.venv/bin/python bench/python_backend.py
