@@ -2,8 +2,7 @@
 (identity backend, ONNX Runtime) and the decoupled repeat model, read as raw HTTP and with
 aiohttp as server-sent events; every error path; clients that leave mid-request.
 
-An error in the middle of a stream needs a model that fails after answering, which no test
-backend does: tests/frontends/http/test_generate.py covers it with a fake core."""
+Errors in the middle of a stream come from a Python model written like Triton's qa mock_llm."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import socket
 import time
 from collections.abc import Iterator
 from http.client import HTTPConnection
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -55,6 +55,37 @@ input [ { name: "INPUT0" data_type: TYPE_INT64 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_INT64 dims: [ -1 ] } ]
 """
 REPEAT = "repeat_int32"
+# Decoupled, like Triton's qa mock_llm: REPETITION responses echoing PROMPT (request parameters
+# choose how many, and whether an error follows), each with its index as a response parameter.
+LLM_PY_CONFIG = """
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "PROMPT" data_type: TYPE_STRING dims: [ 1, 1 ] },
+        { name: "STREAM" data_type: TYPE_BOOL dims: [ 1, 1 ] } ]
+output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1, 1 ] } ]
+"""
+LLM_PY_MODEL = """
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            parameters = json.loads(request.parameters())
+            prompt = pb_utils.get_input_tensor_by_name(request, "PROMPT")
+            sender = request.get_response_sender()
+            for index in range(parameters.get("REPETITION", 1)):
+                text = pb_utils.Tensor("TEXT", prompt.as_numpy())
+                sender.send(pb_utils.InferenceResponse([text], parameters={"index": index}))
+            if parameters.get("FAIL_LAST", False):
+                code = getattr(pb_utils.TritonError, parameters.get("ERROR_CODE", "INTERNAL"))
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("An Error Occurred", code)))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +95,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "optional_io", OPTIONAL, {1: lambda path: None})
     write_model(repo, "onnx_int64", ONNX, {1: lambda path: build_models.identity(path, TensorProto.INT64)})
     write_model(repo, REPEAT, REPEAT_CONFIG, {1: lambda path: None})  # one instance: requests queue
+    write_model(repo, "llm_py", LLM_PY_CONFIG, {1: _write_llm_py}, "model.py")
     with running_server(["--model-repository", str(repo)], repo.parent / "generate-server.log") as running:
         yield running
+
+
+def _write_llm_py(path: Path) -> None:
+    path.write_text(LLM_PY_MODEL)
 
 
 def _post(server: ServerProcess, model: str, route: str, document: Any) -> Answer:
@@ -212,6 +248,33 @@ def test_model_failure_as_first_response(server: ServerProcess) -> None:
     assert streamed.status == 500 and _sse(streamed) == [{"error": message}]
     refused = _post(server, REPEAT, "generate_stream", {"IN": [1, 2], "DELAY": [1]})
     assert refused.status == 400 and _sse(refused) == [{"error": "DELAY must have as many elements as IN"}]
+
+
+def test_an_error_mid_stream_is_an_event_and_the_status_stays_200(server: ServerProcess) -> None:
+    document = {"PROMPT": "hello", "STREAM": True, "parameters": {"REPETITION": 2, "FAIL_LAST": True}}
+    answer = _post(server, "llm_py", "generate_stream", document)
+    assert answer.status == 200
+    assert _sse(answer) == [
+        {"TEXT": "hello", "index": 0, "model_name": "llm_py", "model_version": "1"},
+        {"TEXT": "hello", "index": 1, "model_name": "llm_py", "model_version": "1"},
+        {"error": "An Error Occurred"},
+    ]
+
+
+@pytest.mark.parametrize(("code", "status"), [("INTERNAL", 500), ("UNAVAILABLE", 503)])
+@pytest.mark.parametrize("route", ["generate", "generate_stream"])
+def test_a_model_error_as_first_response_sets_the_status(server: ServerProcess, route: str, code: str,
+                                                         status: int) -> None:
+    document = {"PROMPT": "x", "STREAM": True, "REPETITION": 0, "FAIL_LAST": True, "ERROR_CODE": code}
+    answer = _post(server, "llm_py", route, document)
+    assert answer.status == status
+    errors = _sse(answer) if route == "generate_stream" else [answer.json()]
+    assert errors == [{"error": "An Error Occurred"}]
+
+
+def test_one_response_then_a_flags_only_final_is_one_answer(server: ServerProcess) -> None:
+    answer = _post(server, "llm_py", "generate", {"PROMPT": "once", "STREAM": False, "id": "g"})
+    assert answer.json() == {"TEXT": "once", "id": "g", "index": 0, "model_name": "llm_py", "model_version": "1"}
 
 
 def test_wrong_method(server: ServerProcess) -> None:
