@@ -5,7 +5,11 @@ model process killed mid-request, auto-complete, the initialize args, async exec
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import ServerProcess, running_server
+from conftest import ServerProcess, free_ports, running_server
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
@@ -289,3 +293,51 @@ def test_execution_env_path_runs_the_model_in_its_packed_environment(start_serve
     result = http.infer("env_model", [tensor("http", "IN", np.array([0], dtype=np.int32), "INT32")])
     assert result.as_numpy("ENV").tolist() == [b"from-the-tarball"]
     assert "env_model initialized" in server.logs()  # pb_utils.Logger lines reach the server's log
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found.update(int(child) for child in text)
+    return found
+
+
+def test_a_signal_to_the_server_s_process_group_finalizes_every_model_process(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal (or `kill -- -PGID`) signals the whole process group: the model
+    processes must not die with it, but be finalized by the server as it unloads them."""
+    http_port, grpc_port, metrics_port = free_ports(3)
+    log_path = tmp_path / "naiad.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(PYTHON_MODELS),
+             "--exit-on-error=false", "--strict-readiness=false", "--http-address", "127.0.0.1",
+             f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+        deadline = time.monotonic() + WAIT
+        while not _ready(http) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        a = np.ones(4, dtype=np.float32)
+        http.infer("add_sub", [tensor("http", "INPUT0", a, "FP32"), tensor("http", "INPUT1", a, "FP32")])
+        stubs = _children(process.pid)
+        assert len(stubs) >= 2  # add_sub alone has two instances
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(WAIT) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    logs = log_path.read_text()
+    assert logs.count("add_sub finalized") == 2
+    assert "starting a new one" not in logs
+    assert not [pid for pid in stubs if Path(f"/proc/{pid}").exists()
+                and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
+
+
+def _ready(http: Any) -> bool:
+    try:
+        return bool(http.is_server_ready())
+    except Exception:
+        return False

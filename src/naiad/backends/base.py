@@ -54,6 +54,16 @@ class Host(Protocol):
         """--backend-config settings for `backend`."""
         ...
 
+    def call_soon(self, callback: Callable[[], None]) -> bool:
+        """When called on the server's event loop: run `callback` once the loop has handled what
+        is ready now (so work can be gathered first) and return True; elsewhere return False."""
+        ...
+
+    def watch(self, fd: int, on_readable: Callable[[], None]) -> Callable[[], None] | None:
+        """Call `on_readable` from the server's event loop whenever `fd` is readable; returns the
+        function that stops it, or None when the server runs no event loop."""
+        ...
+
 
 def never_cancelled(index: int) -> bool:
     return False
@@ -170,8 +180,8 @@ class ModelInstance(ABC):
     #: whether the core concatenates a batch's inputs before `execute` (off for backends that
     #: hand each request to the model separately, like Python models)
     gathers_inputs: bool = True
-    #: decoupled instances whose requests may still be open when `execute_decoupled` returns:
-    #: the core then waits for their final responses instead of closing them
+    #: instances that run batches elsewhere (a model process) and answer from their own thread:
+    #: the core calls `start` instead of `execute` / `execute_decoupled`
     answers_later: bool = False
 
     @abstractmethod
@@ -183,6 +193,18 @@ class ModelInstance(ABC):
         of responses per request, the last one with final=True. A request left without its final
         response when this returns is closed with an empty final response."""
         raise NotImplementedError(f"{type(self).__name__} does not support decoupled models")
+
+    def start(self, batch: Batch, send: ResponseSender, executed: Callable[[], None], blocking: bool = True) -> bool:
+        """Instances that answer later: hand the batch over and return. When the instance has no
+        room, wait for it (`blocking`) or return False at once, taking nothing. Answer each
+        request through `send`, from any thread (other models: exactly one final response each),
+        and call `executed` once the model's execute returned (the instance's time for the batch)."""
+        raise NotImplementedError(f"{type(self).__name__} does not answer later")
+
+    def set_on_room(self, callback: Callable[[], None]) -> None:
+        """Instances that answer later: call `callback` (from any thread, holding no lock)
+        whenever room frees up after `start(..., blocking=False)` returned False."""
+        raise NotImplementedError(f"{type(self).__name__} does not answer later")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds."""

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import Model, ModelInstance
 from naiad.config.model_config import tensor_specs
 from naiad.core.responses import ResponseBuilder
-from naiad.core.runner import DecoupledRunner, InstanceRunner
+from naiad.core.runner import AsyncRunner, DecoupledRunner, InstanceRunner
 from naiad.core.scheduling import make_job, make_scheduler, ragged_layout
 from naiad.core.validation import RequestValidator
 from naiad.core.warmup import run_warmup
@@ -79,9 +79,10 @@ class LoadedVersion:
         self._scheduler.start()
 
     def _runners(self) -> list[Runner]:
-        runner = DecoupledRunner if self.decoupled else InstanceRunner
-        runners: list[Runner] = [runner(i, self.builder, self.stats, self.batched, self.release, self.layout)
-                                 for i in self._instances]
+        runners: list[Runner] = [
+            _runner_class(i, self.decoupled)(i, self.builder, self.stats, self.batched, self.release, self.layout)
+            for i in self._instances
+        ]
         if self.rate_limiter is None:
             return runners
         return [self.rate_limiter.wrap(r, needs) for r, needs in zip(runners, self._needs(), strict=True)]
@@ -155,6 +156,12 @@ class LoadedVersion:
             except Exception:
                 log.exception("closing an instance of '%s' failed", self.name)
         self._instances.clear()
+
+
+def _runner_class(instance: ModelInstance, decoupled: bool) -> type[InstanceRunner]:
+    if instance.answers_later:
+        return AsyncRunner
+    return DecoupledRunner if decoupled else InstanceRunner
 
 
 def _labels(config: mc.ModelConfig, model_dir: Path) -> dict[str, list[str]]:

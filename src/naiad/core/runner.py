@@ -77,45 +77,89 @@ def _internal(error: Exception) -> NaiadError:
     return error if isinstance(error, NaiadError) else InternalError(str(error) or type(error).__name__)
 
 
+class _Delivery:
+    """The jobs of one batch that still wait for their final response; `send` answers one, from
+    any thread (instances that answer later send from their own)."""
+
+    def __init__(self, runner: InstanceRunner, jobs: list[Job], start: int) -> None:
+        self.runner = runner
+        self.jobs = jobs
+        self.start = start
+        self.open = set(range(len(jobs)))
+        self.lock = threading.Lock()
+
+    def send(self, index: int, result: object, final: bool) -> None:
+        with self.lock:
+            if index not in self.open:
+                raise InternalError(f"response sent for request {index} after its final response")
+            if final:
+                self.open.discard(index)
+        runner = self.runner
+        job = self.jobs[index]
+        if result is None:
+            response = InferResponse(runner.builder.model_name, runner.builder.version, job.request.id)
+        else:
+            response = runner._response(job, result)
+        response.final = final
+        if final:
+            now = time.monotonic_ns()
+            runner.stats.record_request(response.error is None, now - job.enqueued_ns,
+                                        self.start - job.enqueued_ns, (0, now - self.start, 0))
+            runner.on_done(1)
+        job.sink(response)
+
+    def close_open(self, error: Exception | None) -> None:
+        """Answer every request still open: with `error`, or an empty final response."""
+        with self.lock:
+            remaining = sorted(self.open)
+        for index in remaining:
+            with contextlib.suppress(InternalError):  # answered by the instance's own thread meanwhile
+                self.send(index, error, True)
+
+
 class DecoupledRunner(InstanceRunner):
     """Runs decoupled models: responses go to each job's sink as the backend sends them."""
 
     def __call__(self, jobs: list[Job]) -> None:
         start = time.monotonic_ns()
         batch = self._batch(jobs)
-        open_jobs = set(range(len(jobs)))
-        lock = threading.Lock()  # instances that answer later send from their own threads
-
-        def send(index: int, result: object, final: bool) -> None:
-            with lock:
-                if index not in open_jobs:
-                    raise InternalError(f"response sent for request {index} after its final response")
-                if final:
-                    open_jobs.discard(index)
-            job = jobs[index]
-            if result is None:
-                response = InferResponse(self.builder.model_name, self.builder.version, job.request.id)
-            else:
-                response = self._response(job, result)
-            response.final = final
-            if final:
-                now = time.monotonic_ns()
-                self.stats.record_request(response.error is None, now - job.enqueued_ns,
-                                          start - job.enqueued_ns, (0, now - start, 0))
-                self.on_done(1)
-            job.sink(response)
-
+        delivery = _Delivery(self, jobs, start)
         error: Exception | None = None
         try:
-            self.instance.execute_decoupled(batch, send)
+            self.instance.execute_decoupled(batch, delivery.send)
         except Exception as raised:  # the instance failed: every open request fails
             log.exception("model '%s' failed to execute", self.builder.model_name)
             error = _internal(raised)
         self.stats.record_execution(batch.size, 0, time.monotonic_ns() - start, 0)
-        if self.instance.answers_later and error is None:
-            return  # the instance answers the open requests itself, later
-        with lock:
-            remaining = sorted(open_jobs)
-        for index in remaining:
-            with contextlib.suppress(InternalError):  # answered by the instance's own thread meanwhile
-                send(index, error, True)
+        delivery.close_open(error)
+
+
+class AsyncRunner(InstanceRunner):
+    """Runs instances that answer later (`ModelInstance.answers_later`: a model process): hands
+    the batch over and returns as soon as the instance took it, so this thread never waits for
+    the model; responses reach each job's sink from the instance's own thread. `try_run` and
+    `set_on_room` let a DirectScheduler start jobs with no thread of its own."""
+
+    def __call__(self, jobs: list[Job]) -> None:
+        self._run(jobs, blocking=True)
+
+    def try_run(self, jobs: list[Job]) -> bool:
+        return self._run(jobs, blocking=False)
+
+    def set_on_room(self, callback: Callable[[], None]) -> None:
+        self.instance.set_on_room(callback)
+
+    def _run(self, jobs: list[Job], blocking: bool) -> bool:
+        start = time.monotonic_ns()
+        batch = self._batch(jobs)
+        delivery = _Delivery(self, jobs, start)
+
+        def executed() -> None:
+            self.stats.record_execution(batch.size, 0, time.monotonic_ns() - start, 0)
+
+        try:
+            return self.instance.start(batch, delivery.send, executed, blocking)
+        except Exception as raised:  # the instance could not take it: every request fails
+            log.exception("model '%s' failed to execute", self.builder.model_name)
+            delivery.close_open(_internal(raised))
+            return True

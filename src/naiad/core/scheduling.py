@@ -10,6 +10,7 @@ from naiad.backends.base import BatchInput, RaggedLayout
 from naiad.errors import InvalidArgument
 from naiad.scheduling.base import Drop, Job, Runner, Scheduler, Sink
 from naiad.scheduling.default import DefaultScheduler
+from naiad.scheduling.direct import DirectScheduler, can_start
 from naiad.scheduling.dynamic import BatcherSettings, DynamicBatcher, QueuePolicy
 from naiad.types import DataType, InferRequest
 
@@ -17,8 +18,11 @@ _US = 1000
 
 
 def make_scheduler(config: mc.ModelConfig, runners: list[Runner], drop: Drop, name: str) -> Scheduler:
-    """The dynamic batcher when the config asks for it, else Triton's default scheduler."""
+    """The dynamic batcher when the config asks for it, else Triton's default scheduler (without
+    threads of its own when every instance answers later)."""
     if config.WhichOneof("scheduling_choice") != "dynamic_batching":
+        if runners and all(can_start(r) for r in runners):
+            return DirectScheduler(runners, name=name, drop=drop)  # type: ignore[arg-type]
         return DefaultScheduler(runners, name=name, drop=drop)
     return DynamicBatcher(runners, batcher_settings(config), drop, name=name)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ class InferenceServer:
         self.stopping = False
         self.started = False
         self.inflight = 0  # inference requests being served; shutdown drains them (event loop only)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the frontends' loop, once serving
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -133,10 +135,14 @@ class InferenceServer:
         self.inflight += 1
         try:
             loop = asyncio.get_running_loop()
+            loop_thread = threading.get_ident()
             future: asyncio.Future[InferResponse] = loop.create_future()
 
             def sink(response: InferResponse) -> None:
-                loop.call_soon_threadsafe(_resolve, future, response)
+                if threading.get_ident() == loop_thread:  # answered on the loop itself: no wake-up
+                    _resolve(future, response)
+                else:
+                    loop.call_soon_threadsafe(_resolve, future, response)
 
             job = self._submit(request, sink, decoupled_error)
             try:
@@ -153,10 +159,14 @@ class InferenceServer:
         self.inflight += 1
         try:
             loop = asyncio.get_running_loop()
+            loop_thread = threading.get_ident()
             queue: asyncio.Queue[InferResponse] = asyncio.Queue()
 
             def sink(response: InferResponse) -> None:
-                loop.call_soon_threadsafe(queue.put_nowait, response)
+                if threading.get_ident() == loop_thread:
+                    queue.put_nowait(response)
+                else:
+                    loop.call_soon_threadsafe(queue.put_nowait, response)
 
             job = self._submit(request, sink, None)
             try:
@@ -234,6 +244,7 @@ class InferenceServer:
             return []
 
 
+_LOOP_CALL_TIMEOUT_S = 5.0  # a loop that does not run our call by then is shutting down
 BLS_DECOUPLED_ERROR = "the model is decoupled: call it with exec(decoupled=True)"
 
 
@@ -271,6 +282,50 @@ class _BackendHost:
 
     def backend_config(self, backend: str) -> dict[str, str]:
         return self._server.options.backend_config.get(backend, {})
+
+    def call_soon(self, callback: Callable[[], None]) -> bool:
+        loop = self._server.loop
+        try:
+            if loop is None or asyncio.get_running_loop() is not loop:
+                return False
+        except RuntimeError:  # not on any loop's thread
+            return False
+        loop.call_soon(callback)
+        return True
+
+    def watch(self, fd: int, on_readable: Callable[[], None]) -> Callable[[], None] | None:
+        loop = self._server.loop
+        if loop is None or loop.is_closed():
+            return None
+        _on_loop(loop, loop.add_reader, fd, on_readable)
+
+        def stop() -> None:
+            if not loop.is_closed():
+                _on_loop(loop, loop.remove_reader, fd)
+
+        return stop
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[..., Any], *args: Any) -> None:
+    """Run `call` on the loop's thread and wait for it (at once when that is this thread): the
+    caller may close the descriptor next, and its number must not be reused while watched."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        call(*args)
+        return
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            call(*args)
+        finally:
+            done.set()
+
+    loop.call_soon_threadsafe(run)
+    done.wait(_LOOP_CALL_TIMEOUT_S)
 
 
 def _order(loaded: LoadedVersion) -> tuple[str, int]:

@@ -32,6 +32,7 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
     """Serve until a stop signal; returns the process exit status."""
     server = InferenceServer(options, log_settings)
     loop = asyncio.get_running_loop()
+    server.loop = loop  # backends with model processes read their answers on it
     try:
         await loop.run_in_executor(None, server.start)
     except NaiadError as error:

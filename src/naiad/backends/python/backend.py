@@ -42,6 +42,7 @@ from naiad.types import DataType, InferRequest, InferResponse, RequestedOutput, 
 log = logging.getLogger("naiad.backends.python")
 
 DEFAULT_STUB_TIMEOUT_S = 30.0
+PIPELINE_DEPTH = 8
 # Request parameters the server itself interprets; the model sees the others (as in Triton).
 _RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
                                   "binary_data_output", "headers"})
@@ -109,27 +110,26 @@ def _stub_timeout(settings: Mapping[str, str]) -> float:
 class _Pending:
     """A batch in the model process: which requests still wait for their final response."""
 
-    __slots__ = ("batch", "batch_id", "done", "executed", "open", "results", "send")
+    __slots__ = ("batch", "batch_id", "executed", "on_executed", "open", "send")
 
-    def __init__(self, batch_id: int, batch: Batch, send: ResponseSender | None) -> None:
+    def __init__(self, batch_id: int, batch: Batch, send: ResponseSender, on_executed: Callable[[], None]) -> None:
         self.batch_id = batch_id
         self.batch = batch
-        self.send = send  # decoupled: responses go out as they come
+        self.send = send
+        self.on_executed = on_executed
         self.open = set(range(len(batch.requests)))
-        self.results: list[RequestResult] = [InternalError("no response")] * len(batch.requests)
-        self.executed = threading.Event()  # execute returned in the model process
-        self.done = threading.Event()  # every request has its final response
+        self.executed = False  # execute returned in the model process
 
 
 class PythonInstance(ModelInstance):
     gathers_inputs = False  # model.py gets each request's own tensors, never a concatenation
+    answers_later = True  # the reader thread answers; the scheduler's thread only hands batches over
 
     def __init__(self, model: PythonModel, name: str, args: dict[str, str], stub_timeout: float) -> None:
         self.model = model
         self.name = name
         self.args = args
         self.decoupled = model.config.model_transaction_policy.decoupled
-        self.answers_later = self.decoupled
         self.stub_timeout = stub_timeout
         self.output_names = [o.name for o in model.config.output]
         self._ids = itertools.count(1)
@@ -137,6 +137,12 @@ class PythonInstance(ModelInstance):
         self._calls: dict[int, Callable[[], None]] = {}  # BLS call -> cancel
         self._lock = threading.Lock()
         self._healthy = threading.Condition(self._lock)
+        # Batches handed to the model process and not executed yet. The next batch waits in the
+        # process's socket while the current one runs, so the process goes from one to the next
+        # without sleeping; a scheduler with more batches waits here (dynamic batching keeps
+        # forming larger batches meanwhile).
+        self._slots = threading.BoundedSemaphore(PIPELINE_DEPTH)
+        self._on_room: Callable[[], None] | None = None  # a scheduler starting batches on completion
         self._closing = False
         self._process: StubProcess | None = None
         self._python, self._env = python_for(model.config, model.model_dir)
@@ -163,7 +169,10 @@ class PythonInstance(ModelInstance):
         with self._lock:
             self._process = process
             self._healthy.notify_all()
-        process.run(self._on_message, lambda: self._on_exit(process))
+        host = self.model.host
+        process.run(self._on_message, lambda: self._on_exit(process), host.watch if host is not None else None)
+        if self._on_room is not None:
+            self._on_room()  # batches that found no process may start now
 
     def _ready_process(self) -> StubProcess:
         with self._lock:
@@ -185,12 +194,17 @@ class PythonInstance(ModelInstance):
                               f"message: Stub process '{self.name}' is not healthy.")
         for item in pending.values():
             self._fail_open(item, error)
+            self._mark_executed(item)
         for cancel in calls.values():
             cancel()
         process.close()
         if closing:
             return
         log.error("the model process of '%s' exited (code %s); starting a new one", self.name, code)
+        # Starting takes a while and this may be the server's event loop: start elsewhere.
+        threading.Thread(target=self._restart, name=f"{self.name}-restart", daemon=True).start()
+
+    def _restart(self) -> None:
         try:
             self._start()
         except Exception as failure:
@@ -210,30 +224,63 @@ class PythonInstance(ModelInstance):
 
     # -- execution ---------------------------------------------------------------------------
 
-    def execute(self, batch: Batch) -> list[RequestResult]:
-        pending = self._submit(batch, None)
-        pending.done.wait()
-        return pending.results
-
-    def execute_decoupled(self, batch: Batch, send: ResponseSender) -> None:
-        pending = self._submit(batch, send)
-        pending.executed.wait()
-
-    def _submit(self, batch: Batch, send: ResponseSender | None) -> _Pending:
-        process = self._ready_process()
-        assert process.arena is not None
+    def start(self, batch: Batch, send: ResponseSender, executed: Callable[[], None], blocking: bool = True) -> bool:
+        if blocking:
+            self._slots.acquire()
+        elif not self._slots.acquire(blocking=False):
+            return False
         batch_id = next(self._ids)
-        pending = _Pending(batch_id, batch, send)
-        requests = [self._request(process, request) for request in batch.requests]
-        with self._lock:
-            self._pending[batch_id] = pending
+        pending = _Pending(batch_id, batch, send, executed)
         try:
-            process.send(p.Execute(batch_id, requests, process.take_frees()))
-        except p.ChannelClosed:
+            process = self._ready_process() if blocking else self._process
+            if process is None:  # restarting: the restart reports room when it is done
+                with self._lock:
+                    pending.executed = True
+                self._slots.release()
+                return False
+            requests = [self._request(process, request) for request in batch.requests]
+            with self._lock:
+                self._pending[batch_id] = pending
+            host = self.model.host
+            process.send_soon(p.Execute(batch_id, requests, process.take_frees()),
+                              host.call_soon if host is not None else None)
+        except BaseException as error:
             with self._lock:
                 self._pending.pop(batch_id, None)
-            raise Unavailable(f"Stub process '{self.name}' is not healthy.") from None
-        return pending
+                owned, pending.executed = not pending.executed, True  # else the process's exit freed it
+            if owned:  # no room callback here: this may run under the scheduler's lock
+                self._slots.release()
+            if isinstance(error, p.ChannelClosed):
+                raise Unavailable(f"Stub process '{self.name}' is not healthy.") from None
+            raise
+        return True
+
+    def set_on_room(self, callback: Callable[[], None]) -> None:
+        self._on_room = callback
+
+    def _release_slot(self) -> None:
+        self._slots.release()
+        callback = self._on_room
+        if callback is not None:
+            callback()
+
+    def execute(self, batch: Batch) -> list[RequestResult]:
+        """One batch, waiting for its results (model warm-up runs batches this way)."""
+        results: list[RequestResult] = [InternalError("no response")] * len(batch.requests)
+        done = threading.Event()
+        remaining = [len(batch.requests)]
+
+        def send(index: int, result: RequestResult | None, final: bool) -> None:
+            if final:
+                results[index] = {} if result is None else result
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.set()
+
+        if batch.requests:
+            self.start(batch, send, lambda: None)
+            done.wait()
+        return results
 
     def _request(self, process: StubProcess, request: InferRequest) -> p.Request:
         parameters = request.parameters
@@ -291,8 +338,16 @@ class PythonInstance(ModelInstance):
             self._fail_open(pending, InternalError(
                 f"model '{self.model.config.name}' returned no response for a request: execute must return "
                 "one InferenceResponse per request or send it through the request's response sender"))
-        pending.executed.set()
-        self._finish_if_done(pending)
+        self._mark_executed(pending)
+
+    def _mark_executed(self, pending: _Pending) -> None:
+        with self._lock:
+            if pending.executed:
+                return
+            pending.executed = True
+        pending.on_executed()
+        self._forget_if_done(pending)
+        self._release_slot()  # last: it may start the next batch right here
 
     def _deliver(self, pending: _Pending, response: p.Response) -> None:
         index = response.index
@@ -302,33 +357,24 @@ class PythonInstance(ModelInstance):
         result: RequestResult | None
         if response.error is not None:
             result = NaiadError(response.error, _status(response.code))
-        elif response.outputs or not response.final or pending.send is None:
+        elif response.outputs or not response.final or not self.decoupled:
             result = _outputs(process, response) if process is not None else InternalError("model process gone")
         else:
             result = None  # a flags-only final response
         if response.final:
             pending.open.discard(index)
-        if pending.send is not None:
-            pending.send(index, result, response.final)
-        elif response.final:
-            pending.results[index] = result if result is not None else {}
+        pending.send(index, result, response.final)
         if response.final:
-            self._finish_if_done(pending)
+            self._forget_if_done(pending)
 
     def _fail_open(self, pending: _Pending, error: NaiadError) -> None:
         for index in sorted(pending.open):
-            if pending.send is not None:
-                pending.send(index, error, True)
-            else:
-                pending.results[index] = error
+            pending.send(index, error, True)
         pending.open.clear()
-        pending.executed.set()
-        pending.done.set()
 
-    def _finish_if_done(self, pending: _Pending) -> None:
-        if pending.open or not pending.executed.is_set():
+    def _forget_if_done(self, pending: _Pending) -> None:
+        if pending.open or not pending.executed:
             return
-        pending.done.set()
         with self._lock:
             self._pending.pop(pending.batch_id, None)
 

@@ -22,6 +22,8 @@ from naiad.backends.python.shm import Arena, PendingFrees, SegmentMap
 from naiad.errors import InternalError, Unavailable
 
 log = logging.getLogger("naiad.backends.python")
+#: Host.watch: call back when a descriptor is readable; returns how to stop, or None (no loop)
+Watch = Callable[[int, Callable[[], None]], Callable[[], None] | None]
 
 #: how many finished-with locations wait before they go back without other traffic
 FREES_FLUSH = 64
@@ -46,12 +48,18 @@ class StubProcess:
         self.arena: Arena | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
+        self._unwatch: Callable[[], None] | None = None  # stops the event loop's reading
+        self._outbox: list[Any] = []  # messages gathered during one event-loop turn
+        self._outbox_lock = threading.Lock()
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             command = [self._python, "-m", "naiad.backends.python.stub", str(theirs.fileno())]
-            self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=self._env)
+            # A session of its own: Ctrl-C or a signal to the server's process group must not kill
+            # the model before the server unloads it (it exits by itself when the server goes away).
+            self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=self._env,
+                                            start_new_session=True)
         except OSError as error:
             ours.close()
             raise Unavailable(f"failed to start the model process for '{self.name}': {error}") from None
@@ -84,18 +92,38 @@ class StubProcess:
         finally:
             self.channel.sock.settimeout(None)
 
-    def run(self, on_message: Callable[[Any], None], on_exit: Callable[[], None]) -> None:
-        """Start the reader thread."""
+    def run(self, on_message: Callable[[Any], None], on_exit: Callable[[], None],
+            watch: Watch | None = None) -> None:
+        """Hand every message from now on to `on_message` and end of stream to `on_exit`: from
+        the server's event loop when `watch` is given (no thread hand-off: the loop that answers
+        clients reads the model's answers), else from a reader thread of this process's own."""
+        assert self.channel is not None
+        if watch is not None:
+            self.channel.set_nonblocking()
+            unwatch: list[Callable[[], None]] = []
+
+            def readable() -> None:
+                try:
+                    messages = self.channel.recv_ready() if self.channel is not None else []
+                except p.ChannelClosed:
+                    unwatch[0]()
+                    on_exit()
+                    return
+                for message in messages:
+                    self._dispatch(message, on_message)
+
+            stop = watch(self.channel.sock.fileno(), readable)
+            if stop is not None:
+                unwatch.append(self._unwatch_once(stop))
+                self._unwatch = unwatch[0]
+                return
+            self.channel.sock.setblocking(True)  # no loop after all: read on a thread
 
         def read() -> None:
             assert self.channel is not None
             try:
                 while True:
-                    message = self.channel.recv()
-                    if isinstance(message, p.Segment):
-                        self.segments.add(message.segment, self.channel.take_fd(), message.size)
-                    else:
-                        on_message(message)
+                    self._dispatch(self.channel.recv(), on_message)
             except p.ChannelClosed:
                 pass
             except Exception:  # a bug here must not leave requests waiting forever
@@ -105,10 +133,47 @@ class StubProcess:
         self._reader = threading.Thread(target=read, name=f"{self.name}-reader", daemon=True)
         self._reader.start()
 
+    @staticmethod
+    def _unwatch_once(stop: Callable[[], None]) -> Callable[[], None]:
+        stopped = [False]
+
+        def once() -> None:
+            if not stopped[0]:
+                stopped[0] = True
+                stop()
+
+        return once
+
+    def _dispatch(self, message: Any, on_message: Callable[[Any], None]) -> None:
+        if isinstance(message, p.Segment):
+            assert self.channel is not None
+            self.segments.add(message.segment, self.channel.take_fd(), message.size)
+        else:
+            on_message(message)
+
     def send(self, message: Any) -> None:
         if self.channel is None:
             raise InternalError(f"the model process of '{self.name}' is not running")
         self.channel.send(message)
+
+    def send_soon(self, message: Any, call_soon: Callable[[Callable[[], None]], bool] | None) -> None:
+        """Send `message` with whatever else the event loop sends this process in this turn (one
+        write, one wake-up of the model process for all of them); at once off the loop."""
+        with self._outbox_lock:
+            if self._outbox:
+                self._outbox.append(message)
+                return
+            if call_soon is not None and call_soon(self._flush):
+                self._outbox.append(message)
+                return
+        self.send(message)
+
+    def _flush(self) -> None:
+        with self._outbox_lock:
+            messages, self._outbox = self._outbox, []
+        if messages and self.channel is not None:
+            with contextlib.suppress(p.ChannelClosed):  # the exit handler fails what was in flight
+                self.channel.send_many(messages)
 
     def take_frees(self) -> list[int]:
         return p.flat_frees(self.frees.take())
@@ -143,6 +208,8 @@ class StubProcess:
         self.close()
 
     def close(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()  # before the socket closes: its number may be reused at once
         if self.channel is not None:
             self.channel.close()
         if self.arena is not None:

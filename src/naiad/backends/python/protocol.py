@@ -14,15 +14,19 @@ from __future__ import annotations
 import array
 import collections
 import contextlib
+import select
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import numpy as np
 
 _LENGTH = struct.Struct("<I")
+_READ_SIZE = 1 << 18
+_ANCILLARY = socket.CMSG_SPACE(16 * 4)  # room for the descriptors of a few segments
 
 
 class TensorRef(msgspec.Struct, array_like=True):
@@ -185,53 +189,121 @@ class Channel:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(Message)
         self._send_lock = threading.Lock()
-        self._buffer = bytearray()
+        self._out = bytearray()  # reused for every frame (under the send lock)
+        # Incoming bytes land in one reused buffer between _start and _end: no allocation per read.
+        self._in = bytearray(_READ_SIZE)
+        self._start = 0
+        self._end = 0
         self._fds: collections.deque[int] = collections.deque()
+        self._closed = False  # end of stream seen while messages were still to be handed out
 
     def send(self, message: Message, fds: tuple[int, ...] = ()) -> None:
-        payload = self._encoder.encode(message)
-        frame = _LENGTH.pack(len(payload)) + payload
+        self.send_many((message,), fds)
+
+    def send_many(self, messages: tuple[Message, ...] | list[Message], fds: tuple[int, ...] = ()) -> None:
+        """Write the messages in one go (one system call for all of them)."""
         with self._send_lock:
+            out = self._out
+            out.clear()
+            for message in messages:
+                start = len(out)
+                self._encoder.encode_into(message, out, start + 4)
+                _LENGTH.pack_into(out, start, len(out) - start - 4)
             try:
                 if fds:
                     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                    sent = self.sock.sendmsg([frame], ancillary)
-                    if sent < len(frame):
-                        self.sock.sendall(frame[sent:])
+                    sent = self._retry(self.sock.sendmsg, [out], ancillary)
                 else:
-                    self.sock.sendall(frame)
+                    sent = self._retry(self.sock.send, out)
+                with memoryview(out) as view:
+                    while sent < len(out):
+                        sent += self._retry(self.sock.send, view[sent:])
             except OSError as error:
                 raise ChannelClosed(str(error)) from error
 
+    def _retry(self, write: Callable[..., int], *args: Any) -> int:
+        """One write; on a non-blocking socket with a full buffer, wait until it can take more."""
+        while True:
+            try:
+                return write(*args)
+            except BlockingIOError:
+                select.select([], [self.sock], [])
+
+    def has_frame(self) -> bool:
+        """Whether a whole message already waits in the buffer (recv would not block)."""
+        available = self._end - self._start
+        return available >= 4 and available >= 4 + _LENGTH.unpack_from(self._in, self._start)[0]
+
     def recv(self) -> Message:
         """The next message; raises ChannelClosed at end of stream."""
-        buffer = self._buffer
         while True:
-            if len(buffer) >= 4:
-                (length,) = _LENGTH.unpack_from(buffer)
-                if len(buffer) >= 4 + length:
-                    message = self._decoder.decode(memoryview(buffer)[4 : 4 + length])
-                    del buffer[: 4 + length]
+            available = self._end - self._start
+            need = 4
+            if available >= 4:
+                (length,) = _LENGTH.unpack_from(self._in, self._start)
+                need += length
+                if available >= need:
+                    begin = self._start + 4
+                    with memoryview(self._in) as view:
+                        message = self._decoder.decode(view[begin : begin + length])
+                    self._start = begin + length
+                    if self._start == self._end:
+                        self._start = self._end = 0
                     return message
-            self._fill()
+            self._fill(need)
+
+    def set_nonblocking(self) -> None:
+        """For an event loop that reads with `recv_ready` when the socket is readable."""
+        self.sock.setblocking(False)
+
+    def recv_ready(self) -> list[Message]:
+        """Every whole message that can be read without blocking (non-blocking socket); raises
+        ChannelClosed at end of stream, after the messages before it were returned."""
+        messages: list[Message] = []
+        while True:
+            while self.has_frame():
+                messages.append(self.recv())
+            try:
+                self._fill(4)
+            except BlockingIOError:
+                return messages
+            except ChannelClosed:
+                if messages:
+                    self._closed = True
+                    return messages
+                raise
 
     def take_fd(self) -> int:
         """The descriptor that came with the `Segment` message just received."""
         return self._fds.popleft()
 
-    def _fill(self) -> None:
+    def _fill(self, need: int) -> None:
+        """Read more bytes, first making room for a frame of `need` bytes from `_start`."""
+        if len(self._in) - self._start < max(need, _READ_SIZE // 4):
+            pending = self._in[self._start : self._end]
+            size = max(_READ_SIZE, 2 * need)
+            if size != len(self._in) or self._start:
+                grown = bytearray(size)
+                grown[: len(pending)] = pending
+                self._in = grown
+            self._start, self._end = 0, len(pending)
+        if self._closed:
+            raise ChannelClosed("the other side closed the connection")
         try:
-            data, ancillary, _, _ = self.sock.recvmsg(1 << 18, socket.CMSG_SPACE(16 * 4))
+            with memoryview(self._in) as view:
+                count, ancillary, _, _ = self.sock.recvmsg_into([view[self._end :]], _ANCILLARY)
+        except BlockingIOError:
+            raise
         except OSError as error:
             raise ChannelClosed(str(error)) from error
-        if not data:
+        if not count:
             raise ChannelClosed("the other side closed the connection")
+        self._end += count
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds = array.array("i")
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
                 self._fds.extend(fds)
-        self._buffer += data
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

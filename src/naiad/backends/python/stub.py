@@ -1,10 +1,10 @@
 """The model process: runs one instance of a Triton `model.py` (`python -m ... stub FD`).
 
 The server starts one of these per model instance with one end of a Unix socket pair as FD.
-Two threads: the reader takes every message off the socket (new work, BLS replies, answers,
-segments, frees) and never runs model code; the main thread runs `execute` batch after batch.
-`async def execute` coroutines run on an asyncio loop of their own; for decoupled models the
-main thread does not wait for them, so several batches can be in flight, as in Triton.
+The main thread reads the socket and runs the batches it reads itself; a standby thread reads
+while the main thread executes and some thread waits for an answer (see `Stub.serve`). `async def
+execute` coroutines run on an asyncio loop of their own; for decoupled models nothing waits for
+them, so several batches can be in flight, as in Triton.
 
 Imports only the standard library, numpy, msgspec and its sibling modules, so it also runs
 under a model's own environment (EXECUTION_ENV_PATH).
@@ -13,6 +13,8 @@ under a model's own environment (EXECUTION_ENV_PATH).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import importlib.util
 import inspect
 import itertools
@@ -95,7 +97,13 @@ class Stub:
         self.frees = PendingFrees()  # the server's allocations we are done with
         self.segments = SegmentMap(self.frees)
         self.arena = Arena(f"naiad-stub-{os.getpid()}", self._announce)
-        self.work: queue.SimpleQueue[p.Execute | p.Shutdown] = queue.SimpleQueue()
+        self._read_lock = threading.Lock()  # one thread reads the socket at a time
+        self._calls_waiting = threading.Condition()  # wakes the standby reader
+        self._outbox: list[p.Executed] = []  # answers held while more work is already buffered
+        self._outbox_lock = threading.Lock()
+        self._exec_idle = threading.Condition()  # guards _exec_busy and _backlog
+        self._exec_busy = False
+        self._backlog: collections.deque[p.Execute] = collections.deque()
         self._calls: dict[int, Any] = {}  # call id -> Future / queue for BLS calls and queries
         self._call_ids = itertools.count(1)
         self.model: Any = None
@@ -134,34 +142,96 @@ class Stub:
             threading.Thread(target=self.loop.run_forever, name="model-asyncio", daemon=True).start()
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
-    # -- reader thread -----------------------------------------------------------------------
+    # -- the two threads --------------------------------------------------------------------
 
-    def read(self) -> None:
-        """Dispatch every message from the server until the socket closes."""
-        channel = self.channel
-        try:
-            while True:
-                message = channel.recv()
-                if isinstance(message, p.Execute):
-                    self._free(message.frees)
-                    self.work.put(message)
-                elif isinstance(message, p.BlsReply):
-                    self._free(message.frees)
-                    self._bls_reply(message)
-                elif isinstance(message, p.Answer):
-                    future = self._calls.pop(message.call, None)
-                    if future is not None:
-                        future.set_result(message)
-                elif isinstance(message, p.Segment):
-                    self.segments.add(message.segment, channel.take_fd(), message.size)
-                elif isinstance(message, p.Frees):
-                    self._free(message.frees)
-                elif isinstance(message, p.Shutdown):
-                    break
-        except p.ChannelClosed:
+    def serve(self) -> None:
+        """Read and handle messages until the server says goodbye, then wait for a running execute.
+
+        The main thread reads a message and handles it itself: it runs the `Execute` batches it
+        reads, so the thread that wakes up for a request is the one that answers it, with no
+        hand-off between threads. While it executes, nobody reads — unless some thread waits for
+        an answer from the server (BLS, is_cancelled, model control): then the standby thread takes
+        over reading until no call is outstanding. Whichever thread reads an `Execute` runs it,
+        one batch at a time in arrival order (see `_run_or_queue`)."""
+        standby = threading.Thread(target=self._standby, name="model-io", daemon=True)
+        standby.start()
+        while self._read_one():
             pass
+        with self._exec_idle:
+            self._exec_idle.wait_for(lambda: not self._exec_busy)
+
+    def _standby(self) -> None:
+        while not self.down:
+            with self._calls_waiting:
+                self._calls_waiting.wait_for(lambda: bool(self._calls) or self.down)
+            if not self._read_one(only_for_calls=True):
+                return
+
+    def _expect_answer(self) -> None:
+        """A call was just registered: make sure someone reads its answer."""
+        with self._calls_waiting:
+            self._calls_waiting.notify()
+
+    def _read_one(self, only_for_calls: bool = False) -> bool:
+        """Read one message and handle it; False once the channel is closed."""
+        channel = self.channel
+        with self._read_lock:
+            if self.down:
+                return False
+            if only_for_calls and not self._calls:
+                return True  # answered while this thread waited for the lock
+            try:
+                message = channel.recv()
+            except p.ChannelClosed:
+                self._gone()
+                return False
+            if isinstance(message, p.Segment):  # its descriptor is next in the channel's queue
+                self.segments.add(message.segment, channel.take_fd(), message.size)
+                return True
+        if isinstance(message, p.Execute):
+            self._free(message.frees)
+            self._run_or_queue(message)
+        elif isinstance(message, p.BlsReply):
+            self._free(message.frees)
+            self._bls_reply(message)
+        elif isinstance(message, p.Answer):
+            future = self._calls.pop(message.call, None)
+            if future is not None:
+                future.set_result(message)
+        elif isinstance(message, p.Frees):
+            self._free(message.frees)
+        elif isinstance(message, p.Shutdown):
+            self._gone()
+            return False
+        if self._outbox and not self.channel.has_frame():
+            self._flush()
+        return True
+
+    def _run_or_queue(self, message: p.Execute) -> None:
+        """Execute batches one at a time, in the order they were read."""
+        with self._exec_idle:
+            if self._exec_busy:
+                self._backlog.append(message)
+                return
+            self._exec_busy = True
+        while True:
+            self._execute(message)
+            with self._exec_idle:
+                if not self._backlog:
+                    self._exec_busy = False
+                    self._exec_idle.notify_all()
+                    return
+                message = self._backlog.popleft()
+
+    def _gone(self) -> None:
+        """The server closed the channel (or said Shutdown): stop reading, unblock waiters."""
         self.down = True
-        self.work.put(p.Shutdown())
+        with contextlib.suppress(p.ChannelClosed):
+            self._flush()
+        with contextlib.suppress(OSError):
+            self.channel.sock.shutdown(socket.SHUT_RD)  # the other thread's recv returns at once
+        with self._calls_waiting:
+            self._calls_waiting.notify_all()
         for pending in list(self._calls.values()):  # nobody will answer these any more
             if isinstance(pending, Future) and not pending.done():
                 pending.set_result(p.Answer(0, error="the server closed the connection"))
@@ -181,14 +251,7 @@ class Stub:
             self._calls.pop(message.call, None)
             target.set_result(response)
 
-    # -- main thread -------------------------------------------------------------------------
-
-    def serve(self) -> None:
-        while True:
-            message = self.work.get()
-            if isinstance(message, p.Shutdown):
-                return
-            self._execute(message)
+    # -- executing ---------------------------------------------------------------------------
 
     def _execute(self, message: p.Execute) -> None:
         batch = message.batch
@@ -246,7 +309,17 @@ class Stub:
         if isinstance(responses, BaseException):
             error, responses = responses, []
         text = None if error is None else _describe(error)
-        self.channel.send(p.Executed(batch, responses, text, p.flat_frees(self.frees.take())))
+        message = p.Executed(batch, responses, text, p.flat_frees(self.frees.take()))
+        with self._outbox_lock:
+            self._outbox.append(message)
+        if not self.channel.has_frame():
+            self._flush()  # else more work is already here: answer it all in one write
+
+    def _flush(self) -> None:
+        with self._outbox_lock:
+            messages, self._outbox = self._outbox, []
+            if messages:
+                self.channel.send_many(messages)
 
     def _async_failed(self, batch: int, count: int, done: Future[Any]) -> None:
         """A decoupled `async def execute` that raised: its open requests fail like a raising
@@ -338,10 +411,12 @@ class Stub:
         if decoupled:
             responses: queue.SimpleQueue[Any] = queue.SimpleQueue()
             self._calls[call] = responses
+            self._expect_answer()
             self.channel.send(message)
             return _BlsStream(self, call, responses)
         future: Future[Any] = Future()
         self._calls[call] = future
+        self._expect_answer()
         self.channel.send(message)
         return future.result()
 
@@ -351,6 +426,7 @@ class Stub:
         call, message = self._bls_call(request, False)
         future: Future[Any] = Future()
         self._calls[call] = future
+        self._expect_answer()
         self.channel.send(message)
         return await asyncio.wrap_future(future)
 
@@ -376,6 +452,7 @@ class Stub:
         call = next(self._call_ids)
         future: Future[p.Answer] = Future()
         self._calls[call] = future
+        self._expect_answer()
         self.channel.send(p.Query(call, op, args))
         answer = future.result()
         if answer.error is not None:
@@ -431,8 +508,6 @@ def main(argv: list[str]) -> int:
     stub.model_name = first.args.get("model_name", "")
     stub.model_version = int(first.args.get("model_version", "0") or 0)
     pb_utils._set_runtime(stub)
-    reader = threading.Thread(target=stub.read, name="model-reader", daemon=True)
-    reader.start()
     try:
         stub.initialize(first)
     except BaseException as error:
