@@ -33,8 +33,13 @@ CLIENTS = {"http": httpclient, "grpc": grpcclient}
 def server(example_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     args = ["--model-repository", str(PYTHON_MODELS), "--model-repository", str(example_repo),
             "--exit-on-error=false", "--strict-readiness=false"]
-    with running_server(args, tmp_path_factory.mktemp("python") / "naiad.log") as running:
-        yield running
+    scratch = tmp_path_factory.mktemp("python")
+    os.environ["NAIAD_TEST_TMP"] = str(scratch)  # inherited by the server and its model processes
+    try:
+        with running_server(args, scratch / "naiad.log") as running:
+            yield running
+    finally:
+        del os.environ["NAIAD_TEST_TMP"]
 
 
 def client(server: ServerProcess, protocol: str) -> Any:
@@ -182,6 +187,30 @@ def test_killed_model_process_fails_only_its_request_and_is_replaced(server: Ser
     assert http.is_model_ready("crash")
     # other models never noticed
     assert _bls(server, "simple").as_numpy("OUTPUT0")[0] == -2
+
+
+def test_requests_fail_fast_when_the_model_process_cannot_be_restarted(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+
+    def call(value: int) -> Any:
+        return http.infer("crash_then_fail", [tensor("http", "IN", np.array([value], dtype=np.int32), "INT32")])
+
+    assert call(0).as_numpy("OUT").tolist() == [0]
+    with pytest.raises(InferenceServerException, match="Stub process 'crash_then_fail_0' is not healthy"):
+        call(1)
+    started = time.monotonic()
+    for _ in range(3):  # no process will come: each fails at once instead of waiting for one
+        with pytest.raises(InferenceServerException, match="is not healthy"):
+            call(0)
+    assert time.monotonic() - started < 10
+    assert call_other_model_works(server)
+
+
+def call_other_model_works(server: ServerProcess) -> bool:
+    a = np.ones(4, dtype=np.float32)
+    result = httpclient.InferenceServerClient(server.url).infer(
+        "add_sub", [tensor("http", "INPUT0", a, "FP32"), tensor("http", "INPUT1", a, "FP32")])
+    return bool((result.as_numpy("OUTPUT0") == 2).all())
 
 
 def test_auto_complete_config_fills_the_config(server: ServerProcess) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import json
 import logging
+import subprocess
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,7 +43,12 @@ from naiad.types import DataType, InferRequest, InferResponse, RequestedOutput, 
 log = logging.getLogger("naiad.backends.python")
 
 DEFAULT_STUB_TIMEOUT_S = 30.0
+# Batches handed to a model process at once. Without dynamic batching, up to 8: they ride in one
+# write and the process runs them back to back without sleeping in between. With it, 2 (the one
+# running and the next): a batcher that could hand over more would stop waiting for requests to
+# gather, and form smaller batches than Triton's, which waits for a free instance.
 PIPELINE_DEPTH = 8
+PIPELINE_DEPTH_BATCHING = 2
 # Request parameters the server itself interprets; the model sees the others (as in Triton).
 _RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
                                   "binary_data_output", "headers"})
@@ -123,7 +129,7 @@ class _Pending:
 
 class PythonInstance(ModelInstance):
     gathers_inputs = False  # model.py gets each request's own tensors, never a concatenation
-    answers_later = True  # the reader thread answers; the scheduler's thread only hands batches over
+    answers_later = True  # answers come from the process's reader (the server's event loop)
 
     def __init__(self, model: PythonModel, name: str, args: dict[str, str], stub_timeout: float) -> None:
         self.model = model
@@ -137,13 +143,12 @@ class PythonInstance(ModelInstance):
         self._calls: dict[int, Callable[[], None]] = {}  # BLS call -> cancel
         self._lock = threading.Lock()
         self._healthy = threading.Condition(self._lock)
-        # Batches handed to the model process and not executed yet. The next batch waits in the
-        # process's socket while the current one runs, so the process goes from one to the next
-        # without sleeping; a scheduler with more batches waits here (dynamic batching keeps
-        # forming larger batches meanwhile).
-        self._slots = threading.BoundedSemaphore(PIPELINE_DEPTH)
+        # Batches handed to the model process and not executed yet (see PIPELINE_DEPTH).
+        batching = model.config.WhichOneof("scheduling_choice") == "dynamic_batching"
+        self._slots = threading.BoundedSemaphore(PIPELINE_DEPTH_BATCHING if batching else PIPELINE_DEPTH)
         self._on_room: Callable[[], None] | None = None  # a scheduler starting batches on completion
         self._closing = False
+        self._restarting = False
         self._process: StubProcess | None = None
         self._python, self._env = python_for(model.config, model.model_dir)
         self._start()
@@ -171,8 +176,6 @@ class PythonInstance(ModelInstance):
             self._healthy.notify_all()
         host = self.model.host
         process.run(self._on_message, lambda: self._on_exit(process), host.watch if host is not None else None)
-        if self._on_room is not None:
-            self._on_room()  # batches that found no process may start now
 
     def _ready_process(self) -> StubProcess:
         with self._lock:
@@ -189,7 +192,7 @@ class PythonInstance(ModelInstance):
             pending, self._pending = self._pending, {}
             calls, self._calls = self._calls, {}
             closing = self._closing
-        code = process.process.poll() if process.process is not None else None
+        code = _exit_code(process)
         error = InternalError(f"Failed to process the request(s) for model instance '{self.name}', "
                               f"message: Stub process '{self.name}' is not healthy.")
         for item in pending.values():
@@ -201,7 +204,15 @@ class PythonInstance(ModelInstance):
         if closing:
             return
         log.error("the model process of '%s' exited (code %s); starting a new one", self.name, code)
-        # Starting takes a while and this may be the server's event loop: start elsewhere.
+        self._restart_soon()
+
+    def _restart_soon(self) -> None:
+        """Start a new process on a thread of its own: starting takes a while and this may be the
+        server's event loop. One restart at a time; the next failing request tries again."""
+        with self._lock:
+            if self._restarting or self._closing:
+                return
+            self._restarting = True
         threading.Thread(target=self._restart, name=f"{self.name}-restart", daemon=True).start()
 
     def _restart(self) -> None:
@@ -209,6 +220,11 @@ class PythonInstance(ModelInstance):
             self._start()
         except Exception as failure:
             log.error("restarting the model process of '%s' failed: %s", self.name, failure)
+        finally:
+            with self._lock:
+                self._restarting = False
+            if self._on_room is not None:
+                self._on_room()  # queued batches start on the new process, or fail without one
 
     def close(self) -> None:
         with self._lock:
@@ -218,10 +234,6 @@ class PythonInstance(ModelInstance):
         if process is not None:
             process.stop(self.stub_timeout)
 
-    def kill_process_for_tests(self) -> None:  # pragma: no cover - used by tests through the model
-        if self._process is not None and self._process.process is not None:
-            self._process.process.kill()
-
     # -- execution ---------------------------------------------------------------------------
 
     def start(self, batch: Batch, send: ResponseSender, executed: Callable[[], None], blocking: bool = True) -> bool:
@@ -229,15 +241,17 @@ class PythonInstance(ModelInstance):
             self._slots.acquire()
         elif not self._slots.acquire(blocking=False):
             return False
+        if not blocking and self._process is None:
+            self._slots.release()
+            if self._restarting:
+                return False  # the restart reports room when the new process is up
+            self._restart_soon()
+            raise Unavailable(f"Stub process '{self.name}' is not healthy.")
         batch_id = next(self._ids)
         pending = _Pending(batch_id, batch, send, executed)
         try:
             process = self._ready_process() if blocking else self._process
-            if process is None:  # restarting: the restart reports room when it is done
-                with self._lock:
-                    pending.executed = True
-                self._slots.release()
-                return False
+            assert process is not None
             requests = [self._request(process, request) for request in batch.requests]
             with self._lock:
                 self._pending[batch_id] = pending
@@ -433,6 +447,15 @@ class PythonInstance(ModelInstance):
             reply(_error_response(call, error))
             return
         self._calls[call_id] = cancel
+
+
+def _exit_code(process: StubProcess) -> int | None:
+    if process.process is None:
+        return None
+    try:
+        return process.process.wait(0.5)  # it is exiting: its socket just closed
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _status(name: str) -> Status:
