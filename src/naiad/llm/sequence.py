@@ -1,0 +1,123 @@
+"""One generation request as the engine sees it: tokens, stop limits, scheduling and KV state.
+
+Fields are plain ints, strings, lists and enums so that the part crossing a process boundary
+(ids, tokens, limits) maps one to one onto a `msgspec.Struct` later.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class SequenceStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2  # back in the waiting queue after its KV blocks were taken; it recomputes
+    FINISHED = 3
+
+
+class FinishReason(enum.StrEnum):
+    """Why a sequence ended; the values are OpenAI's `finish_reason` strings."""
+
+    STOP = "stop"  # an end-of-sequence token
+    LENGTH = "length"  # max_tokens or the model's context length
+    ABORT = "abort"  # the client went away
+
+
+class Sequence:
+    """A request's token state.
+
+    `token_ids` holds the prompt followed by the generated tokens. The KV of the first
+    `num_computed_tokens` of them is in the blocks of `block_table`; the rest are computed by
+    the next steps (a prompt in chunks, then one token per decode step). `num_cached_tokens`
+    is how many of its tokens the last allocation found in the prefix cache. `block_hashes`
+    holds the chained hashes of the full blocks of `token_ids`: they depend on content only,
+    so they survive preemption. The scheduler stamps `arrival` when the sequence is added.
+    """
+
+    __slots__ = (
+        "arrival",
+        "block_hashes",
+        "block_table",
+        "eos_token_ids",
+        "finish_reason",
+        "ignore_eos",
+        "max_tokens",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_prompt_tokens",
+        "priority",
+        "seq_id",
+        "status",
+        "token_ids",
+    )
+
+    def __init__(
+        self,
+        seq_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        *,
+        eos_token_ids: tuple[int, ...] = (),
+        ignore_eos: bool = False,
+        priority: int = 0,
+    ) -> None:
+        self.seq_id = seq_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.max_tokens = max_tokens
+        self.eos_token_ids = eos_token_ids
+        self.ignore_eos = ignore_eos
+        self.priority = priority
+        self.arrival = -1
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.seq_id!r}, {self.status.name}, tokens={len(self)}, "
+            f"computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens whose KV is still to be computed: the rest of the prompt, or 1 when decoding."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def stop_reason(self, max_model_len: int) -> FinishReason | None:
+        """Why the sequence must stop after its last appended token, or None to go on."""
+        if not self.ignore_eos and self.token_ids[-1] in self.eos_token_ids:
+            return FinishReason.STOP
+        if self.num_output_tokens >= self.max_tokens or len(self.token_ids) >= max_model_len:
+            return FinishReason.LENGTH
+        return None
