@@ -70,6 +70,7 @@ from harness import (
     UnstableError,
     ensure_peers,
     env_with_libs,
+    fmt,
     free_ports,
     http_get,
     run_perf_analyzer,
@@ -245,10 +246,6 @@ def measure_ceilings(models: list[BenchModel], seconds: float) -> list[Ceiling]:
 
 # ---------------------------------------------------------------------------------------------
 # reporting
-
-
-def fmt(value: float | None, spec: str = ",.0f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def median(values: list[float | None]) -> float | None:

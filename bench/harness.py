@@ -284,3 +284,8 @@ def run_perf_analyzer(
         server_cpu_s=cpu1 - cpu0,
         wall_s=t1 - t0,
     )
+
+
+def fmt(value: float | None, spec: str = ",.0f") -> str:
+    """A number for a results table; "-" when there is none."""
+    return "-" if value is None else format(value, spec)

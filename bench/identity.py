@@ -50,6 +50,7 @@ from harness import (
     UnstableError,
     ensure_peers,
     env_with_libs,
+    fmt,
     free_ports,
     run_perf_analyzer,
     start_server,
@@ -214,10 +215,6 @@ def measure(
         return results
     finally:
         server.stop()
-
-
-def fmt(value: float | None, spec: str = ",.0f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def median_of(ms: list[Measurement], proto: str, c: int, field: str) -> float | None:

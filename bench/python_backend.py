@@ -71,6 +71,7 @@ from harness import (
     UnstableError,
     ensure_peers,
     env_with_libs,
+    fmt,
     free_ports,
     http_get,
     run_perf_analyzer,
@@ -290,10 +291,6 @@ def measure_server(server: Server, models: list[str], wires: list[str], concurre
 
 # ---------------------------------------------------------------------------------------------
 # reporting
-
-
-def fmt(value: float | None, spec: str = ",.0f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def median(values: list[float | None]) -> float | None:
