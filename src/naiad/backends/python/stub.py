@@ -104,7 +104,8 @@ class Stub:
         self._exec_idle = threading.Condition()  # guards _exec_busy and _backlog
         self._exec_busy = False
         self._backlog: collections.deque[p.Execute] = collections.deque()
-        self._calls: dict[int, Any] = {}  # call id -> Future / queue for BLS calls and queries
+        self._calls: dict[int, Any] = {}  # BLS call id -> Future (one response) / queue (a stream)
+        self._queries: dict[int, Future[p.Answer]] = {}  # query call id -> its answer
         self._call_ids = itertools.count(1)
         self.model: Any = None
         self.decoupled = False
@@ -163,9 +164,12 @@ class Stub:
     def _standby(self) -> None:
         while not self.down:
             with self._calls_waiting:
-                self._calls_waiting.wait_for(lambda: bool(self._calls) or self.down)
+                self._calls_waiting.wait_for(lambda: self._waiting_for_answers() or self.down)
             if not self._read_one(only_for_calls=True):
                 return
+
+    def _waiting_for_answers(self) -> bool:
+        return bool(self._calls or self._queries)
 
     def _expect_answer(self) -> None:
         """A call was just registered: make sure someone reads its answer."""
@@ -178,7 +182,7 @@ class Stub:
         with self._read_lock:
             if self.down:
                 return False
-            if only_for_calls and not self._calls:
+            if only_for_calls and not self._waiting_for_answers():
                 return True  # answered while this thread waited for the lock
             try:
                 message = channel.recv()
@@ -195,9 +199,9 @@ class Stub:
             self._free(message.frees)
             self._bls_reply(message)
         elif isinstance(message, p.Answer):
-            future = self._calls.pop(message.call, None)
-            if future is not None:
-                future.set_result(message)
+            answered = self._queries.pop(message.call, None)
+            if answered is not None:
+                answered.set_result(message)
         elif isinstance(message, p.Frees):
             self._free(message.frees)
         elif isinstance(message, p.Shutdown):
@@ -232,11 +236,16 @@ class Stub:
             self.channel.sock.shutdown(socket.SHUT_RD)  # the other thread's recv returns at once
         with self._calls_waiting:
             self._calls_waiting.notify_all()
-        for pending in list(self._calls.values()):  # nobody will answer these any more
-            if isinstance(pending, Future) and not pending.done():
-                pending.set_result(p.Answer(0, error="the server closed the connection"))
-            elif isinstance(pending, queue.SimpleQueue):
-                pending.put((pb_utils.InferenceResponse(error=pb_utils.TritonError("server went away")), True))
+        gone = "the server closed the connection"
+        for query in list(self._queries.values()):  # nobody will answer these any more
+            if not query.done():
+                query.set_result(p.Answer(0, error=gone))
+        for pending in list(self._calls.values()):
+            failed = pb_utils.InferenceResponse(error=pb_utils.TritonError(gone, pb_utils.TritonError.UNAVAILABLE))
+            if isinstance(pending, queue.SimpleQueue):
+                pending.put((failed, True))
+            elif not pending.done():
+                pending.set_result(failed)
 
     def _free(self, flat: list[int]) -> None:
         for segment, offset in p.pairs(flat):
@@ -451,7 +460,7 @@ class Stub:
     def _query(self, op: str, args: list[Any]) -> Any:
         call = next(self._call_ids)
         future: Future[p.Answer] = Future()
-        self._calls[call] = future
+        self._queries[call] = future
         self._expect_answer()
         self.channel.send(p.Query(call, op, args))
         answer = future.result()
