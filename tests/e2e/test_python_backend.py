@@ -213,6 +213,25 @@ def call_other_model_works(server: ServerProcess) -> bool:
     return bool((result.as_numpy("OUTPUT0") == 2).all())
 
 
+def test_model_ready_asks_the_model_s_is_ready(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def settle(expected: bool) -> bool:
+        deadline = time.monotonic() + WAIT  # the server asks again at most once a second
+        while time.monotonic() < deadline:
+            if http.is_model_ready("readiness") == expected and grpc.is_model_ready("readiness") == expected:
+                return True
+            time.sleep(0.1)
+        return False
+
+    assert settle(True)
+    http.infer("readiness", [tensor("http", "IN", np.array([0], dtype=np.int32), "INT32")])
+    assert settle(False)
+    http.infer("readiness", [tensor("http", "IN", np.array([1], dtype=np.int32), "INT32")])
+    assert settle(True)
+
+
 def test_auto_complete_config_fills_the_config(server: ServerProcess) -> None:
     http = httpclient.InferenceServerClient(server.url)
     config = http.get_model_config("auto_complete")

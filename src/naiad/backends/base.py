@@ -206,6 +206,10 @@ class ModelInstance(ABC):
         whenever room frees up after `start(..., blocking=False)` returned False."""
         raise NotImplementedError(f"{type(self).__name__} does not answer later")
 
+    def is_ready(self) -> bool:
+        """Whether the instance can serve (model-ready endpoints ask; must not block)."""
+        return True
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds."""
 

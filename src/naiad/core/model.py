@@ -130,6 +130,10 @@ class LoadedVersion:
         if error is not None:
             job.sink(self.builder.error(job.request, error))
 
+    def is_ready(self) -> bool:
+        """Every instance says it can serve (Python models may define is_ready())."""
+        return all(instance.is_ready() for instance in self._instances)
+
     def pending(self) -> int:
         return self._scheduler.pending() if self._scheduler else 0
 

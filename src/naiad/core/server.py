@@ -94,10 +94,9 @@ class InferenceServer:
 
     def model_ready(self, name: str, version: int | None) -> bool:
         try:
-            self.models.get(name, version)
+            return self.models.get(name, version).is_ready()
         except NaiadError:
             return False
-        return True
 
     def model_metadata(self, name: str, version: int | None) -> dict[str, Any]:
         loaded = self.models.get(name, version)

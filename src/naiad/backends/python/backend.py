@@ -18,6 +18,7 @@ import json
 import logging
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ DEFAULT_STUB_TIMEOUT_S = 30.0
 # running and the next): a batcher that could hand over more would stop waiting for requests to
 # gather, and form smaller batches than Triton's, which waits for a free instance.
 PIPELINE_DEPTH = 8
+READY_REFRESH_S = 1.0
 PIPELINE_DEPTH_BATCHING = 2
 # Request parameters the server itself interprets; the model sees the others (as in Triton).
 _RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
@@ -149,6 +151,11 @@ class PythonInstance(ModelInstance):
         self._on_room: Callable[[], None] | None = None  # a scheduler starting batches on completion
         self._closing = False
         self._restarting = False
+        # is_ready() of the model, when it defines one: the last answer, asked again in the
+        # background when older than READY_REFRESH_S (readiness probes must not wait on a model)
+        self._probes_ready = False
+        self._ready = True
+        self._ready_asked = 0.0
         self._process: StubProcess | None = None
         self._python, self._env = python_for(model.config, model.model_dir)
         self._start()
@@ -173,6 +180,7 @@ class PythonInstance(ModelInstance):
             raise InternalError(first_line)
         with self._lock:
             self._process = process
+            self._probes_ready = ready.probes_ready
             self._healthy.notify_all()
         host = self.model.host
         process.run(self._on_message, lambda: self._on_exit(process), host.watch if host is not None else None)
@@ -269,6 +277,16 @@ class PythonInstance(ModelInstance):
             raise
         return True
 
+    def is_ready(self) -> bool:
+        process = self._process
+        if process is None:
+            return False
+        if self._probes_ready and time.monotonic() - self._ready_asked > READY_REFRESH_S:
+            self._ready_asked = time.monotonic()
+            with contextlib.suppress(p.ChannelClosed, NaiadError):
+                process.send(p.Query(0, "is_ready", []))
+        return self._ready
+
     def set_on_room(self, callback: Callable[[], None]) -> None:
         self._on_room = callback
 
@@ -329,6 +347,8 @@ class PythonInstance(ModelInstance):
                 cancel()
         elif isinstance(message, p.Query):
             self._query(message)
+        elif isinstance(message, p.Answer):  # to the server's is_ready question
+            self._ready = bool(message.value)
         elif isinstance(message, p.Log):
             log_from_model(self.name, message)
         elif isinstance(message, p.Frees):

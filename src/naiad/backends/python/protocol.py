@@ -90,7 +90,8 @@ class BlsReply(msgspec.Struct, tag=True, array_like=True):
 
 
 class Answer(msgspec.Struct, tag=True, array_like=True):
-    """The reply to a `Query` (is_cancelled, model control): a value or an error."""
+    """The reply to a `Query` (is_cancelled and model control from the model, is_ready from the
+    server): a value or an error."""
 
     call: int
     value: Any = None
@@ -106,6 +107,7 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
 
 class Ready(msgspec.Struct, tag=True, array_like=True):
     error: str | None = None
+    probes_ready: bool = False  # the model defines is_ready(): the server asks it (a Query "is_ready")
 
 
 class AutoCompleted(msgspec.Struct, tag=True, array_like=True):

@@ -204,6 +204,8 @@ class Stub:
                 answered.set_result(message)
         elif isinstance(message, p.Frees):
             self._free(message.frees)
+        elif isinstance(message, p.Query):  # the server asks is_ready()
+            self.channel.send(p.Answer(message.call, self._is_ready()))
         elif isinstance(message, p.Shutdown):
             self._gone()
             return False
@@ -246,6 +248,13 @@ class Stub:
                 pending.put((failed, True))
             elif not pending.done():
                 pending.set_result(failed)
+
+    def _is_ready(self) -> bool:
+        try:
+            return bool(self.model.is_ready())
+        except Exception:  # a model that cannot tell is not ready
+            traceback.print_exc()
+            return False
 
     def _free(self, flat: list[int]) -> None:
         for segment, offset in p.pairs(flat):
@@ -522,7 +531,7 @@ def main(argv: list[str]) -> int:
     except BaseException as error:
         channel.send(p.Ready(_failure(error)))
         return 1
-    channel.send(p.Ready())
+    channel.send(p.Ready(probes_ready=callable(getattr(stub.model, "is_ready", None))))
     stub.serve()
     if hasattr(stub.model, "finalize"):
         try:
