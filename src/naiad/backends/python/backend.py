@@ -50,6 +50,8 @@ DEFAULT_STUB_TIMEOUT_S = 30.0
 # gather, and form smaller batches than Triton's, which waits for a free instance.
 PIPELINE_DEPTH = 8
 READY_REFRESH_S = 1.0
+RESTART_BACKOFF_S = 1.0  # after a failed restart; doubles with each failure
+RESTART_BACKOFF_MAX_S = 60.0
 PIPELINE_DEPTH_BATCHING = 2
 # Request parameters the server itself interprets; the model sees the others (as in Triton).
 _RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
@@ -151,6 +153,8 @@ class PythonInstance(ModelInstance):
         self._on_room: Callable[[], None] | None = None  # a scheduler starting batches on completion
         self._closing = False
         self._restarting = False
+        self._failed_restarts = 0
+        self._next_restart = 0.0  # monotonic time before which no restart is tried
         # is_ready() of the model, when it defines one: the last answer, asked again in the
         # background when older than READY_REFRESH_S (readiness probes must not wait on a model)
         self._probes_ready = False
@@ -216,9 +220,10 @@ class PythonInstance(ModelInstance):
 
     def _restart_soon(self) -> None:
         """Start a new process on a thread of its own: starting takes a while and this may be the
-        server's event loop. One restart at a time; the next failing request tries again."""
+        server's event loop. One restart at a time; after failed ones, the next waits longer
+        (requests meanwhile fail at once), so a model that cannot start does not spin."""
         with self._lock:
-            if self._restarting or self._closing:
+            if self._restarting or self._closing or time.monotonic() < self._next_restart:
                 return
             self._restarting = True
         threading.Thread(target=self._restart, name=f"{self.name}-restart", daemon=True).start()
@@ -226,8 +231,13 @@ class PythonInstance(ModelInstance):
     def _restart(self) -> None:
         try:
             self._start()
+            self._failed_restarts = 0
         except Exception as failure:
-            log.error("restarting the model process of '%s' failed: %s", self.name, failure)
+            self._failed_restarts += 1
+            delay = min(RESTART_BACKOFF_S * 2 ** (self._failed_restarts - 1), RESTART_BACKOFF_MAX_S)
+            self._next_restart = time.monotonic() + delay
+            log.error("restarting the model process of '%s' failed (next try in %g s): %s",
+                      self.name, delay, failure)
         finally:
             with self._lock:
                 self._restarting = False
