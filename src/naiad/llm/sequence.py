@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+from naiad.llm.sampling_params import SamplingParams
+
 
 class SequenceStatus(enum.IntEnum):
     WAITING = 0
@@ -32,7 +34,8 @@ class Sequence:
     the next steps (a prompt in chunks, then one token per decode step). `num_cached_tokens`
     is how many of its tokens the last allocation found in the prefix cache. `block_hashes`
     holds the chained hashes of the full blocks of `token_ids`: they depend on content only,
-    so they survive preemption. The scheduler stamps `arrival` when the sequence is added.
+    so they survive preemption. The scheduler stamps `arrival` when the sequence is added;
+    the runner reads `sampling_params` to pick each next token.
     """
 
     __slots__ = (
@@ -47,6 +50,7 @@ class Sequence:
         "num_computed_tokens",
         "num_prompt_tokens",
         "priority",
+        "sampling_params",
         "seq_id",
         "status",
         "token_ids",
@@ -61,6 +65,7 @@ class Sequence:
         eos_token_ids: tuple[int, ...] = (),
         ignore_eos: bool = False,
         priority: int = 0,
+        sampling_params: SamplingParams | None = None,
     ) -> None:
         self.seq_id = seq_id
         self.token_ids = list(prompt_token_ids)
@@ -69,6 +74,7 @@ class Sequence:
         self.eos_token_ids = eos_token_ids
         self.ignore_eos = ignore_eos
         self.priority = priority
+        self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.arrival = -1
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None

@@ -1,0 +1,126 @@
+"""The engine's torch side: the model, the KV cache tensors, and one step's execution.
+
+`execute(scheduler_output)` turns the scheduler's rows into a flattened batch, runs the
+model and samples a token for every row that reaches its sequence's end. The block tables
+and the computed-token counts it reads are the scheduler's: the runner keeps no per-sequence
+state besides the generators of seeded requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from naiad.llm.attention import AttentionMetadata, allocate_kv_caches
+from naiad.llm.block_manager import num_blocks_for
+from naiad.llm.loader import load_model
+from naiad.llm.sampler import SamplingBatch, sample
+from naiad.llm.scheduler import SchedulerOutput
+from naiad.llm.sequence import Sequence
+
+#: What `execute` returns for rows that sample nothing (prefill chunks with more to come).
+NO_TOKEN = -1
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    """The model to load and the memory its KV cache may take (`kv_cache_memory`, in bytes)."""
+
+    model: str | Path
+    dtype: str = "auto"
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_memory: int = 512 << 20
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """One step as tensors: the flattened tokens, their positions, and what attention needs."""
+
+    token_ids: torch.Tensor  # [tokens]
+    positions: torch.Tensor  # [tokens]
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [sampling rows]: the last token of each row that samples
+
+
+class ModelRunner:
+    """Owns torch: the model, `num_blocks` KV blocks per layer, and the sampler's generators."""
+
+    def __init__(self, config: RunnerConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model = load_model(config.model, config.dtype, self.device)
+        self.args = self.model.args
+        self.dtype = self.model.lm_head.weight.dtype
+        self.block_size = config.block_size
+        self.num_blocks = num_blocks_for(
+            config.kv_cache_memory,
+            config.block_size,
+            self.args.num_layers,
+            self.args.num_kv_heads,
+            self.args.head_dim,
+            self.dtype.itemsize,
+        )
+        if self.num_blocks < 1:
+            raise ValueError(f"kv_cache_memory ({config.kv_cache_memory} bytes) does not hold one KV block")
+        self.kv_caches = allocate_kv_caches(
+            self.args.num_layers,
+            self.num_blocks,
+            config.block_size,
+            self.args.num_kv_heads,
+            self.args.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self._generators: dict[str, torch.Generator] = {}
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> list[int]:
+        """Run one scheduled step; one token per row, `NO_TOKEN` where `output.sample` is False."""
+        for seq_id in output.finished_seq_ids:
+            self._generators.pop(seq_id, None)
+        if not output.seqs:
+            return []
+        inputs = self.prepare(output)
+        logits = self.model(inputs.token_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
+        sampling = [seq for seq, row_samples in zip(output.seqs, output.sample, strict=True) if row_samples]
+        tokens = iter(sample(logits, self._sampling_batch(sampling)).tolist())
+        return [next(tokens) if row_samples else NO_TOKEN for row_samples in output.sample]
+
+    def prepare(self, output: SchedulerOutput) -> StepInputs:
+        """Flatten the rows: row `i` brings tokens `[c, c + num_tokens[i])` of its sequence."""
+        token_ids: list[int] = []
+        positions: list[int] = []
+        context_lens: list[int] = []
+        logits_indices: list[int] = []
+        for seq, num_tokens, row_samples in zip(output.seqs, output.num_tokens, output.sample, strict=True):
+            computed = seq.num_computed_tokens
+            token_ids.extend(seq.token_ids[computed : computed + num_tokens])
+            positions.extend(range(computed, computed + num_tokens))
+            context_lens.append(computed + num_tokens)
+            if row_samples:
+                logits_indices.append(len(token_ids) - 1)
+        meta = AttentionMetadata.build(
+            output.num_tokens, context_lens, [seq.block_table for seq in output.seqs], self.block_size, self.device
+        )
+        return StepInputs(self._tensor(token_ids), self._tensor(positions), meta, self._tensor(logits_indices))
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        params = [seq.sampling_params for seq in seqs]
+        generators = [self._generator(seq) for seq in seqs]
+        return SamplingBatch.build(params, generators, self.args.vocab_size, self.device)
+
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        """A seeded request's own generator, made at its first draw and kept until it finishes."""
+        seed = seq.sampling_params.seed
+        if seed is None or seq.sampling_params.greedy:
+            return None
+        generator = self._generators.get(seq.seq_id)
+        if generator is None:
+            generator = self._generators[seq.seq_id] = torch.Generator(self.device).manual_seed(seed)
+        return generator

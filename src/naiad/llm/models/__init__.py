@@ -1,0 +1,1 @@
+"""Model definitions in plain torch, built from a Hugging Face config.json."""

@@ -1,0 +1,355 @@
+"""The Llama family in plain torch: Llama 2/3, SmolLM2, Mistral, Qwen2 and Qwen3.
+
+They share one shape — pre-norm decoder layers with RMSNorm, rotary position embeddings,
+grouped-query attention and a SiLU-gated MLP — and differ in small ways that `LlamaArgs`
+reads from a Hugging Face config.json: biases on the q/k/v projections (Qwen2), per-head
+RMSNorm of q and k (Qwen3), tied embeddings (SmolLM2), rope theta and scaling.
+
+The forward works on a flattened variable-length batch (see `attention`): the new tokens of
+every scheduled sequence back to back, with their positions. The q/k/v projections are fused
+into one `qkv_proj` and gate/up into one `gate_up_proj` (one GEMM each instead of three and
+two); `load_weights` slices Hugging Face's separate tensors into them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from naiad.llm.attention import AttentionMetadata, KVCache, paged_attention
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """Rotary scaling of the "linear" and "llama3" kinds (None of this means plain rope)."""
+
+    rope_type: str
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaArgs:
+    """The architecture of one model, read from a Hugging Face config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    sliding_window: int | None
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any]) -> LlamaArgs:
+        """Read a config.json dict; raise ValueError for what this model cannot run."""
+        model_type = config.get("model_type", "llama")
+        if model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type {model_type!r} is not of the Llama family ({', '.join(MODEL_TYPES)})")
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {config['hidden_act']!r} is not supported (only silu)")
+        hidden, heads = config["hidden_size"], config["num_attention_heads"]
+        theta, scaling = _rope(config)
+        bias = bool(config.get("attention_bias", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=config["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or hidden // heads,
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v biases (its config has no switch for them) and no o bias.
+            qkv_bias=bias or model_type == "qwen2",
+            o_bias=bias and model_type != "qwen2",
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            sliding_window=_sliding_window(config),
+        )
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest context this model computes exactly.
+
+        Sliding-window attention is not implemented; within the window it is full attention.
+        """
+        if self.sliding_window is not None:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
+
+
+def _rope(config: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    # transformers 5 writes `rope_parameters` (theta inside); older configs `rope_theta` and
+    # `rope_scaling` with "rope_type" or the older "type".
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type not in ("linear", "llama3"):
+        raise ValueError(f"rope scaling {rope_type!r} is not supported (default, linear and llama3 are)")
+    fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    return theta, RopeScaling(rope_type, **{name: params[name] for name in fields if name in params})
+
+
+def _sliding_window(config: Mapping[str, Any]) -> int | None:
+    window = config.get("sliding_window")
+    # Qwen2/Qwen3 configs carry a window that only applies with use_sliding_window.
+    if window is None or not config.get("use_sliding_window", True):
+        return None
+    return int(window)
+
+
+def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
+    """The rotary frequencies, float32 on the CPU, with the config's scaling applied."""
+    dim = args.head_dim
+    # On the CPU explicitly: models are built under `torch.device("meta")`, which would make
+    # this a tensor without data.
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    inv_freq = 1.0 / (args.rope_theta**exponents)
+    scaling = args.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    return _llama3_inv_freq(inv_freq, scaling)
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+class RotaryEmbedding:
+    """cos/sin tables for a batch's positions, computed once per forward and shared by layers."""
+
+    def __init__(self, args: LlamaArgs) -> None:
+        # A plain tensor, not a buffer: the model is built on the meta device and the
+        # checkpoint does not carry it. Moved to the positions' device on first use.
+        self.inv_freq = rope_inv_freq(args)
+
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [tokens, 1, head_dim]: broadcast over heads
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `[tokens, heads, head_dim]` by its positions' angles (the half-split layout)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # In float32 and the weight applied after the cast back, as the reference does, so
+        # that bf16 and fp16 round the same way.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+        self.scale = args.head_dim**-0.5
+        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+        self.qk_norm = args.qk_norm
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache: KVCache
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        out = paged_attention(q, k, v, cache, meta, self.scale)
+        return self.o_proj(out.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache: KVCache
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.rotary = RotaryEmbedding(args)
+
+    def forward(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]
+    ) -> torch.Tensor:
+        """Hidden states of the last layer, before the final norm."""
+        x = self.embed_tokens(token_ids)
+        rope = self.rotary(positions, x.dtype)
+        for layer, cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, rope, meta, cache)
+        return x
+
+
+# Hugging Face's separate projections → (fused module, which part of its output rows).
+_PACKED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaForCausalLM(nn.Module):
+    """The model and its LM head; parameter names follow Hugging Face's, fused where noted."""
+
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.model = LlamaModel(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the LM head when the config ties them.
+
+        Again after `to_empty`, which gives each module its own new tensor.
+        """
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits `[len(logits_indices), vocab]` for the flattened tokens at `logits_indices`.
+
+        Every token's K/V is written to `kv_caches`; only the rows that sample need logits,
+        and the final norm and LM head run on those rows alone.
+        """
+        hidden = self.model(token_ids, positions, meta, kv_caches)
+        return self.lm_head(self.model.norm(hidden[logits_indices]))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face tensors into the parameters (casting to their dtype); check that all came."""
+        params = dict(self.named_parameters())
+        expected = {name: self._num_parts(name) for name in params}
+        loaded: dict[str, set[int]] = {name: set() for name in params}
+        for hf_name, tensor in weights:
+            if hf_name.endswith("rotary_emb.inv_freq") or (
+                self.args.tie_word_embeddings and hf_name == "lm_head.weight"
+            ):
+                continue  # computed here, or the same tensor as the embedding
+            name, part = self._locate(hf_name)
+            if name not in params:
+                raise ValueError(f"unexpected weight {hf_name!r} for a {self.args.model_type} model")
+            dest = self._part(name, params[name].data, part)
+            if dest.shape != tensor.shape:
+                raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            loaded[name].add(part)
+        missing = sorted(name for name, parts in loaded.items() if len(parts) != expected[name])
+        if missing:
+            raise ValueError(f"the checkpoint lacks weights for {', '.join(missing)}")
+
+    @staticmethod
+    def _locate(hf_name: str) -> tuple[str, int]:
+        for hf_part, (fused, index) in _PACKED.items():
+            if f".{hf_part}." in hf_name:
+                return hf_name.replace(hf_part, fused), index
+        return hf_name, 0
+
+    @staticmethod
+    def _num_parts(name: str) -> int:
+        if ".qkv_proj." in name:
+            return 3
+        return 2 if ".gate_up_proj." in name else 1
+
+    def _part(self, name: str, param: torch.Tensor, part: int) -> torch.Tensor:
+        """The rows of a fused parameter that one Hugging Face tensor fills (all of the others)."""
+        if ".qkv_proj." in name:
+            q, kv = self.args.num_heads * self.args.head_dim, self.args.num_kv_heads * self.args.head_dim
+            return param.split([q, kv, kv])[part]
+        if ".gate_up_proj." in name:
+            return param.chunk(2)[part]
+        return param

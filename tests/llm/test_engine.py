@@ -1,0 +1,174 @@
+"""The engine end to end on tiny models: greedy tokens identical to transformers' generate.
+
+Requests of different lengths arrive at different steps with different max_tokens; several
+share a long prefix (one is exactly that prefix, one ends on a block boundary inside it); the
+step budget is small enough to chunk the longer prompts.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from llm.tiny_models import TINY, hf_greedy, hf_model
+from naiad.errors import InvalidArgument
+from naiad.llm.engine import EngineConfig, LLMEngine
+from naiad.llm.sampling_params import GREEDY, SamplingParams
+from naiad.llm.sequence import FinishReason
+
+BLOCK = 4
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return random.Random(seed).choices(range(3, TINY["vocab_size"]), k=n)
+
+
+PREFIX = _tokens(26, 0)
+# (prompt, max_tokens, the step before which it arrives)
+REQUESTS = [
+    (_tokens(5, 1), 12, 0),
+    (_tokens(23, 2), 7, 0),
+    (PREFIX + _tokens(5, 3), 10, 0),
+    (PREFIX + _tokens(7, 4), 9, 2),
+    (_tokens(1, 5), 8, 2),
+    (_tokens(37, 6), 16, 5),
+    (PREFIX + _tokens(3, 7), 5, 5),
+    (PREFIX, 6, 5),
+    (PREFIX[:12], 6, 6),
+]
+
+
+def _kv_bytes(num_blocks: int) -> int:
+    head_dim = TINY["hidden_size"] // TINY["num_attention_heads"]
+    per_block = 2 * TINY["num_hidden_layers"] * BLOCK * TINY["num_key_value_heads"] * head_dim * 4  # fp32
+    return num_blocks * per_block
+
+
+def _engine(path: Path, **overrides: object) -> LLMEngine:
+    config = {
+        "model": path,
+        "dtype": "float32",
+        "block_size": BLOCK,
+        "kv_cache_memory": _kv_bytes(256),
+        "max_num_batched_tokens": 32,
+        "max_model_len": 96,
+    }
+    return LLMEngine(EngineConfig(**{**config, **overrides}))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def references(tiny_models: dict[str, Path]) -> dict[str, list[list[int]]]:
+    """transformers' greedy output for every request, one prompt at a time."""
+    refs = {}
+    for variant in ("llama", "qwen2"):
+        model = hf_model(tiny_models[variant])
+        refs[variant] = [hf_greedy(model, prompt, max_tokens) for prompt, max_tokens, _ in REQUESTS]
+    return refs
+
+
+def _run_staggered(engine: LLMEngine) -> list[list[int]]:
+    index: dict[str, int] = {}
+    outputs: dict[int, list[int]] = {}
+    for step in range(500):
+        for i, (prompt, max_tokens, arrival) in enumerate(REQUESTS):
+            if arrival == step:
+                index[engine.add_request(prompt, max_tokens, sampling_params=GREEDY)] = i
+        outputs.update((index[seq.seq_id], seq.output_token_ids) for seq in engine.step())
+        if len(outputs) == len(REQUESTS):
+            return [outputs[i] for i in range(len(REQUESTS))]
+    raise AssertionError("the engine made no progress")
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-cache", "no-cache"])
+@pytest.mark.parametrize("variant", ["llama", "qwen2"])
+def test_greedy_matches_transformers_in_a_continuous_batch(
+    tiny_models: dict[str, Path], references: dict[str, list[list[int]]], variant: str, caching: bool
+) -> None:
+    engine = _engine(tiny_models[variant], enable_prefix_caching=caching)
+    assert _run_staggered(engine) == references[variant]
+    hits = engine.block_manager.prefix_cache_hits
+    assert hits > 0 if caching else hits == 0
+    assert engine.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-cache", "no-cache"])
+@pytest.mark.parametrize("variant", ["llama", "qwen2"])
+def test_preemption_recomputes_the_same_tokens(
+    tiny_models: dict[str, Path], references: dict[str, list[list[int]]], variant: str, caching: bool
+) -> None:
+    # 16 blocks of 4 tokens: max_model_len's worth, a fraction of what the batch wants.
+    engine = _engine(
+        tiny_models[variant], kv_cache_memory=_kv_bytes(16), max_model_len=64, enable_prefix_caching=caching
+    )
+    assert engine.runner.num_blocks == 16
+    assert _run_staggered(engine) == references[variant]
+    assert engine.scheduler.num_preemptions > 0
+
+
+def test_generate_returns_outputs_in_prompt_order(
+    tiny_models: dict[str, Path], references: dict[str, list[list[int]]]
+) -> None:
+    engine = _engine(tiny_models["qwen2"])
+    prompts = [prompt for prompt, max_tokens, _ in REQUESTS if max_tokens >= 8]
+    expected = [
+        ref[:8] for ref, (_, max_tokens, _) in zip(references["qwen2"], REQUESTS, strict=True) if max_tokens >= 8
+    ]
+    assert engine.generate(prompts, max_tokens=8, sampling_params=GREEDY) == expected
+
+
+def test_a_seeded_request_draws_the_same_tokens_in_any_batch(tiny_models: dict[str, Path]) -> None:
+    engine = _engine(tiny_models["llama"])
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1234)
+    alone = engine.generate([PREFIX], max_tokens=12, sampling_params=seeded)[0]
+    others = [
+        engine.add_request(prompt, 10, sampling_params=SamplingParams(temperature=0.8)) for prompt, _, _ in REQUESTS
+    ]
+    again = engine.generate([PREFIX], max_tokens=12, sampling_params=seeded)[0]
+    assert again == alone and len(alone) >= 1
+    assert not any(engine.scheduler.get(request_id) for request_id in others)
+    other_seed = engine.generate([PREFIX], max_tokens=12, sampling_params=SamplingParams(temperature=1.0, seed=99))[0]
+    assert other_seed != alone
+
+
+def test_eos_stops_a_request_unless_ignored(
+    tiny_models: dict[str, Path], references: dict[str, list[list[int]]]
+) -> None:
+    engine = _engine(tiny_models["llama"])
+    prompt, expected = REQUESTS[0][0], references["llama"][0]
+    # The first token that the greedy output has not produced before becomes the EOS token.
+    stop_at = next(i for i in range(1, len(expected)) if expected[i] not in expected[:i])
+    engine.eos_token_ids = (expected[stop_at],)
+    stopped = engine.add_request(prompt, 12, sampling_params=GREEDY)
+    ignoring = engine.add_request(prompt, 12, sampling_params=GREEDY, ignore_eos=True)
+    finished = {}
+    while engine.has_unfinished():
+        finished.update((seq.seq_id, seq) for seq in engine.step())
+    assert finished[stopped].output_token_ids == expected[: stop_at + 1]
+    assert finished[stopped].finish_reason is FinishReason.STOP
+    assert finished[ignoring].output_token_ids[: len(expected)] == expected
+    assert finished[ignoring].num_output_tokens == 12
+    assert finished[ignoring].finish_reason is FinishReason.LENGTH
+
+
+def test_abort_frees_the_request_blocks(tiny_models: dict[str, Path]) -> None:
+    engine = _engine(tiny_models["llama"])
+    request_id = engine.add_request(PREFIX, 20)
+    engine.step()
+    assert engine.block_manager.num_used_blocks > 0
+    assert engine.abort_request(request_id)
+    assert not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
+    assert not engine.abort_request(request_id)
+    engine.step()  # tells the runner the request is gone
+
+
+def test_bad_requests_are_refused_before_scheduling(tiny_models: dict[str, Path]) -> None:
+    engine = _engine(tiny_models["llama"])
+    with pytest.raises(InvalidArgument, match="outside the vocabulary"):
+        engine.add_request([5, TINY["vocab_size"]], 4)
+    with pytest.raises(InvalidArgument, match="context length"):
+        engine.add_request(_tokens(96, 0), 4)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        _engine(tiny_models["llama"], max_model_len=1000)
+    assert not engine.has_unfinished()

@@ -1,0 +1,85 @@
+"""Tiny random-weight Hugging Face models built at test time, and transformers as the oracle.
+
+torch and transformers are imported inside the functions: the scheduler and block-manager
+tests in this folder import nothing of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+# The variants the engine reads differently: tied embeddings (SmolLM2), q/k/v biases (Qwen2),
+# q/k norms (Qwen3), Llama 3 rope scaling.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {"tie_word_embeddings": True, "rope_theta": 10000.0}),
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": False, "rope_theta": 1000000.0}),
+    "qwen3": ("Qwen3Config", {"tie_word_embeddings": True, "head_dim": 32}),
+    "llama3-rope": (
+        "LlamaConfig",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            "rope_theta": 500000.0,
+        },
+    ),
+}
+
+
+def build_tiny_model(variant: str, path: Path) -> Path:
+    """Save a random-weight model of `variant` (fp32 safetensors) into `path`."""
+    import torch
+    import transformers
+
+    config_cls, extra = VARIANTS[variant]
+    config = getattr(transformers, config_cls)(**TINY, **extra)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)  # float32
+    # Larger weights than the 0.02 default spread the logits, so a greedy choice is never a
+    # near-tie that rounding could flip; norms and biases off their 1 and 0, so that loading
+    # them into the wrong place shows.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.15)
+            else:
+                param.normal_(1.0 if "norm" in name else 0.0, 0.1)
+    model.save_pretrained(path)
+    return path
+
+
+def hf_model(path: Path) -> Any:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)  # as saved: float32
+    return model.eval()
+
+
+def hf_greedy(model: Any, prompt: list[int], max_tokens: int) -> list[int]:
+    """transformers' own greedy generation of one prompt: the tokens it adds."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
