@@ -6,6 +6,7 @@ the logit comparison reuses that engine's model.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,15 @@ def test_logits_match_transformers(engine: LLMEngine, path: Path, tokenizer: Tok
     with torch.no_grad():
         expected = reference(torch.tensor([tokens])).logits[0]
     torch.testing.assert_close(logits, expected, atol=1e-3, rtol=0)
+
+
+def test_tokenizer_from_hf_directory(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    """tokenizer.json and tokenizer_config.json (template, AddedToken-style eos) give the same tokenizer."""
+    tokenizer.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    config = {"chat_template": tokenizer.chat_template, "eos_token": {"content": "<|im_end|>"}, "bos_token": None}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    loaded = Tokenizer.from_dir(tmp_path)
+    prompt = loaded.apply_chat_template(QUESTION)
+    assert prompt == tokenizer.apply_chat_template(QUESTION)
+    assert loaded.encode(prompt) == tokenizer.encode(prompt)
+    assert loaded.eos_token == "<|im_end|>"
