@@ -9,6 +9,7 @@ from naiad.errors import InvalidArgument
 
 _BACKENDS: dict[str, str] = {
     "identity": "naiad.backends.identity:IdentityModel",
+    "llm": "naiad.backends.llm:LLMModel",
     "onnxruntime": "naiad.backends.onnxruntime:OnnxRuntimeModel",
     "python": "naiad.backends.python.backend:PythonModel",
     "repeat": "naiad.backends.repeat:RepeatModel",

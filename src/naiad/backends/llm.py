@@ -1,0 +1,335 @@
+"""The "llm" backend: a language model served by naiad's own engine as a decoupled model.
+
+Like Triton's vLLM backend: the input `text_input` is the raw prompt (no chat template is
+applied here), the output `text_output` the generated text. Sampling settings come from
+optional inputs or request parameters of the same names (max_tokens, temperature, top_k,
+top_p, min_p, seed, ignore_eos, stream). With `stream` true every step's new text is its own
+response; otherwise (the default, so /generate gets one answer) one response carries all of it.
+Either way a flags-only final response closes the request.
+
+Config parameters: `model` (a Hugging Face directory, a `.gguf` file, a path relative to the
+version directory, or "bundled:smollm2"), `dtype` (auto, fp32, bf16, fp16) and
+`kv_cache_memory` (bytes). Each instance owns one engine stepping on its own thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import Batch, Model, ModelInstance, Outputs, RequestResult, ResponseSender
+from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError
+from naiad.llm import gguf
+from naiad.llm.engine import EngineConfig, LLMEngine
+from naiad.llm.sampling_params import SamplingParams
+from naiad.llm.tokenizer import IncrementalDetokenizer, Tokenizer
+from naiad.types import InferRequest
+
+log = logging.getLogger(__name__)
+
+BUNDLED = {"bundled:smollm2": gguf.smollm2_path}
+TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"
+DEFAULT_MAX_TOKENS = 16  # as vLLM and OpenAI's completions
+#: send(outputs / error / None for a flags-only response, final) for one request
+Send = Callable[[Outputs | Exception | None, bool], None]
+
+
+class LLMModel(Model):
+    backend_name = "llm"
+
+    @classmethod
+    def auto_complete(cls, config: mc.ModelConfig, version_dir: Path, options: Mapping[str, Any]) -> bool:
+        """Fill the generate I/O and the decoupled policy when the config leaves them out."""
+        if not config.HasField("model_transaction_policy"):
+            config.model_transaction_policy.decoupled = True
+        if not config.input:
+            # Sampling settings stay request parameters (generate's extra JSON keys); a config
+            # may still declare them as optional inputs of the same names.
+            config.input.add(name=TEXT_INPUT, data_type=mc.TYPE_STRING, dims=[1])
+        if not config.output:
+            config.output.add(name=TEXT_OUTPUT, data_type=mc.TYPE_STRING, dims=[-1])
+        return False
+
+    def create_instance(self, group: mc.ModelInstanceGroup, index: int) -> ModelInstance:
+        if not self.config.model_transaction_policy.decoupled:
+            raise InvalidArgument(f"model '{self.config.name}': the llm backend needs "
+                                  "model_transaction_policy { decoupled: true }")
+        return LLMInstance(self.engine_config(), self.config.name)
+
+    def engine_config(self) -> EngineConfig:
+        """The engine settings from the config's `parameters`."""
+        params = {key: value.string_value for key, value in self.config.parameters.items()}
+        if "model" not in params:
+            raise InvalidArgument(f"model '{self.config.name}': the llm backend needs a 'model' parameter")
+        settings: dict[str, Any] = {"model": self._model_path(params["model"])}
+        if "dtype" in params:
+            settings["dtype"] = params["dtype"]
+        if "kv_cache_memory" in params:
+            try:
+                settings["kv_cache_memory"] = int(params["kv_cache_memory"])
+            except ValueError:
+                raise InvalidArgument("parameter 'kv_cache_memory' must be a number of bytes, "
+                                      f"got {params['kv_cache_memory']!r}") from None
+        return EngineConfig(**settings)
+
+    def _model_path(self, model: str) -> Path:
+        if model in BUNDLED:
+            return BUNDLED[model]()
+        path = Path(model)
+        return path if path.is_absolute() else self.version_dir / path
+
+
+def load_tokenizer(model: Path) -> Tokenizer:
+    """The tokenizer that comes with the engine's model (GGUF metadata or tokenizer.json)."""
+    return Tokenizer.from_gguf(GGUFReader(model)) if gguf.is_gguf(model) else Tokenizer.from_dir(model)
+
+
+@dataclass(slots=True)
+class _Request:
+    """One request between the backend's execute path and the engine thread."""
+
+    send: Send
+    cancelled: Callable[[], bool]
+    prompt: list[int]
+    max_tokens: int
+    sampling_params: SamplingParams
+    ignore_eos: bool
+    stream: bool
+    detokenizer: IncrementalDetokenizer
+    seq_id: str = ""
+    sent_tokens: int = 0  # output tokens already pushed through the detokenizer
+    text: list[str] = field(default_factory=list)  # held back until the end when not streaming
+
+
+class LLMInstance(ModelInstance):
+    """One engine and the thread that steps it.
+
+    It answers later (`start`): the core hands requests over and returns at once, and the
+    engine thread sends every response. A plain `execute_decoupled` would not do, as the core
+    closes requests still open when it returns.
+    """
+
+    answers_later = True
+    gathers_inputs = False
+
+    def __init__(self, config: EngineConfig, model_name: str) -> None:
+        self.model_name = model_name
+        self.engine = LLMEngine(config)
+        self.tokenizer = load_tokenizer(Path(config.model))
+        self._ids = itertools.count()
+        self._incoming: list[_Request] = []
+        self._active: dict[str, _Request] = {}  # by engine request id; only the engine thread uses it
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"llm-{model_name}", daemon=True)
+        self._thread.start()
+
+    def execute(self, batch: Batch) -> list[RequestResult]:
+        raise InvalidArgument("the llm backend only serves decoupled models")
+
+    def start(self, batch: Batch, send: ResponseSender, executed: Callable[[], None], blocking: bool = True) -> bool:
+        """Validate each request and queue it for the engine thread; there is always room (the
+        engine's scheduler queues what does not fit in a step)."""
+        accepted = []
+        for index, request in enumerate(batch.requests):
+            try:
+                accepted.append(self._parse(request, _sender(send, index), _canceller(batch, index)))
+            except NaiadError as error:
+                send(index, error, True)
+        with self._wake:
+            self._incoming.extend(accepted)
+            self._wake.notify()
+        executed()
+        return True
+
+    def set_on_room(self, callback: Callable[[], None]) -> None:
+        """Never called back: `start` always takes its batch."""
+
+    def is_ready(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------------- request parsing
+
+    def _parse(self, request: InferRequest, send: Send,
+               cancelled: Callable[[], bool]) -> _Request:
+        """A request's prompt and settings; InvalidArgument before anything is scheduled."""
+        values = RequestValues(request)
+        prompt = self.tokenizer.encode(values.text(TEXT_INPUT))
+        if not prompt:
+            raise InvalidArgument("text_input is empty")
+        max_tokens = values.integer("max_tokens", DEFAULT_MAX_TOKENS)
+        if max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be at least 1, got {max_tokens}")
+        if len(prompt) + max_tokens > self.engine.max_model_len:
+            raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds "
+                                  f"the model's context length ({self.engine.max_model_len})")
+        sampling = SamplingParams(
+            temperature=values.number("temperature", 1.0),
+            top_k=values.integer("top_k", 0),
+            top_p=values.number("top_p", 1.0),
+            min_p=values.number("min_p", 0.0),
+            seed=values.optional_integer("seed"),
+        )
+        return _Request(send, cancelled, prompt, max_tokens, sampling, values.boolean("ignore_eos", False),
+                        values.boolean("stream", False), self.tokenizer.detokenizer())
+
+    # ------------------------------------------------------------------------- the engine thread
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._closed or self._incoming or self.engine.has_unfinished())
+                if self._closed:
+                    break
+                incoming, self._incoming = self._incoming, []
+            self._admit(incoming)
+            self._abort_cancelled()
+            if self.engine.has_unfinished():
+                self._step()
+        self._fail_all(Cancelled(f"model '{self.model_name}' was unloaded"))
+
+    def _admit(self, requests: list[_Request]) -> None:
+        for request in requests:
+            try:
+                request.seq_id = self.engine.add_request(
+                    request.prompt, request.max_tokens, sampling_params=request.sampling_params,
+                    request_id=f"llm-{next(self._ids)}", ignore_eos=request.ignore_eos,
+                )
+            except NaiadError as error:
+                request.send(error, True)
+                continue
+            self._active[request.seq_id] = request
+
+    def _abort_cancelled(self) -> None:
+        """The client went away: free its sequence's KV blocks now rather than at max_tokens."""
+        for seq_id, request in list(self._active.items()):
+            if request.cancelled():
+                self.engine.abort_request(seq_id)
+                del self._active[seq_id]
+                request.send(Cancelled("the request was cancelled"), True)
+
+    def _step(self) -> None:
+        try:
+            finished = {seq.seq_id for seq in self.engine.step()}
+        except Exception as error:  # the engine failed: its requests cannot go on
+            log.exception("model '%s': the engine step failed", self.model_name)
+            self._fail_all(InternalError(f"the engine failed: {error}"))
+            return
+        for seq_id, request in list(self._active.items()):
+            done = seq_id in finished
+            self._emit(seq_id, request, done)
+            if done:
+                del self._active[seq_id]
+
+    def _emit(self, seq_id: str, request: _Request, done: bool) -> None:
+        """Send the text of the request's new tokens (or hold it back), then close it when done."""
+        seq = self.engine.scheduler.get(seq_id)
+        tokens = seq.output_token_ids if seq is not None else []
+        pieces = [request.detokenizer.push(token) for token in tokens[request.sent_tokens :]]
+        request.sent_tokens = len(tokens)
+        if done:
+            pieces.append(request.detokenizer.flush())
+        text = "".join(pieces)
+        if request.stream:
+            if text:
+                request.send(_text(text), False)
+        else:
+            request.text.append(text)
+            if done:
+                request.send(_text("".join(request.text)), False)
+        if done:
+            request.send(None, True)
+
+    def _fail_all(self, error: NaiadError) -> None:
+        for seq_id, request in self._active.items():
+            self.engine.abort_request(seq_id)
+            with contextlib.suppress(NaiadError):
+                request.send(error, True)
+        self._active.clear()
+        with self._wake:
+            incoming, self._incoming = self._incoming, []
+        for request in incoming:
+            request.send(error, True)
+
+
+def _text(text: str) -> Outputs:
+    return {TEXT_OUTPUT: np.array([text.encode("utf-8")], dtype=object)}
+
+
+def _sender(send: ResponseSender, index: int) -> Send:
+    return lambda result, final: send(index, result, final)
+
+
+def _canceller(batch: Batch, index: int) -> Callable[[], bool]:
+    return lambda: batch.is_cancelled(index)
+
+
+class RequestValues:
+    """A request's settings by name: an input of that name, else a request parameter."""
+
+    def __init__(self, request: InferRequest) -> None:
+        self.inputs = {tensor.name: tensor.data for tensor in request.inputs}
+        self.parameters = request.parameters
+
+    def _get(self, name: str) -> Any:
+        if name in self.inputs:
+            data = np.asarray(self.inputs[name]).reshape(-1)
+            if data.size != 1:
+                raise InvalidArgument(f"input '{name}' must hold one element, got {data.size}")
+            return data[0].item() if isinstance(data[0], np.generic) else data[0]
+        return self.parameters.get(name)
+
+    def text(self, name: str) -> str:
+        value = self._get(name)
+        if value is None:
+            raise InvalidArgument(f"input '{name}' is required")
+        if isinstance(value, bytes):
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidArgument(f"input '{name}' is not valid UTF-8") from None
+        if not isinstance(value, str):
+            raise InvalidArgument(f"'{name}' must be a string")
+        return value
+
+    def integer(self, name: str, default: int) -> int:
+        value = self.optional_integer(name)
+        return default if value is None else value
+
+    def optional_integer(self, name: str) -> int | None:
+        value = self._get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidArgument(f"'{name}' must be an integer, got {value!r}")
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        value = self._get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidArgument(f"'{name}' must be a number, got {value!r}")
+        return float(value)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self._get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"'{name}' must be true or false, got {value!r}")
+        return value

