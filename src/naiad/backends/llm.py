@@ -7,6 +7,11 @@ top_p, min_p, seed, ignore_eos, stream). With `stream` true every step's new tex
 response; otherwise (the default, so /generate gets one answer) one response carries all of it.
 Either way a flags-only final response closes the request.
 
+With the request parameter `apply_chat_template` true, `text_input` is instead a JSON array of
+chat messages ({"role", "content"}) that the backend renders with its tokenizer's chat template
+(generation prompt added). This is how the OpenAI frontend asks for a chat completion: frontends
+may not import naiad.llm, and the template belongs to the model the backend loaded.
+
 Config parameters: `model` (a Hugging Face directory, a `.gguf` file, a path relative to the
 version directory, or "bundled:smollm2"), `dtype` (auto, fp32, bf16, fp16) and
 `kv_cache_memory` (bytes). Each instance owns one engine stepping on its own thread.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -170,7 +176,10 @@ class LLMInstance(ModelInstance):
                cancelled: Callable[[], bool]) -> _Request:
         """A request's prompt and settings; InvalidArgument before anything is scheduled."""
         values = RequestValues(request)
-        prompt = self.tokenizer.encode(values.text(TEXT_INPUT))
+        text = values.text(TEXT_INPUT)
+        if values.boolean("apply_chat_template", False):
+            text = self._chat_prompt(text)
+        prompt = self.tokenizer.encode(text)
         if not prompt:
             raise InvalidArgument("text_input is empty")
         max_tokens = values.integer("max_tokens", DEFAULT_MAX_TOKENS)
@@ -188,6 +197,19 @@ class LLMInstance(ModelInstance):
         )
         return _Request(send, cancelled, prompt, max_tokens, sampling, values.boolean("ignore_eos", False),
                         values.boolean("stream", False), self.tokenizer.detokenizer())
+
+    def _chat_prompt(self, messages_json: str) -> str:
+        """The prompt for a JSON array of chat messages, rendered with the model's chat template."""
+        try:
+            messages = json.loads(messages_json)
+        except ValueError:
+            raise InvalidArgument("with apply_chat_template, text_input must be a JSON array of messages") from None
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise InvalidArgument("with apply_chat_template, text_input must be a JSON array of message objects")
+        try:
+            return self.tokenizer.apply_chat_template(messages)
+        except ValueError as error:
+            raise InvalidArgument(str(error)) from None
 
     # ------------------------------------------------------------------------- the engine thread
 

@@ -14,6 +14,7 @@ import msgspec
 from naiad.core.server import InferenceServer, Region
 from naiad.errors import InternalError, InvalidArgument, NaiadError
 from naiad.frontends import shared_memory as shm
+from naiad.frontends.http import openai
 from naiad.frontends.http.codec import decode_infer_request, decode_raw_request, encode_infer_response
 from naiad.frontends.http.generate import generate, generate_stream
 from naiad.frontends.http.reply import Reply, json_reply
@@ -277,4 +278,7 @@ HANDLERS: dict[tuple[str, str], Handler] = {
     ("cuda_status", "GET"): cuda_status,
     ("cuda_register", "POST"): cuda_register,
     ("cuda_unregister", "POST"): cuda_unregister,
+    ("openai_models", "GET"): openai.models,
+    ("openai_completions", "POST"): openai.completions,
+    ("openai_chat_completions", "POST"): openai.chat_completions,
 }

@@ -31,6 +31,10 @@ _FIXED = {
     "/v2/models/stats": "stats_all",
     "/v2/repository/index": "index",
     "/v2/logging": "logging",
+    # The OpenAI-compatible API (openai.py) shares the port.
+    "/v1/models": "openai_models",
+    "/v1/completions": "openai_completions",
+    "/v1/chat/completions": "openai_chat_completions",
 }
 
 
