@@ -98,12 +98,20 @@ def test_the_model_reads_its_inputs_in_place(stub: tuple[Stub, FakeServer]) -> N
 
 def test_batches_that_arrived_together_are_answered_together(stub: tuple[Stub, FakeServer]) -> None:
     model_process, server = stub
+    writes: list[list[str]] = []
+    send_many = model_process.channel.send_many
+
+    def counting(messages: list[p.Message], fds: tuple[int, ...] = ()) -> None:
+        writes.append([type(m).__name__ for m in messages])
+        send_many(messages, fds)
+
+    model_process.channel.send_many = counting  # type: ignore[method-assign]
     server.execute(1, ["a"])  # both are in the socket before the model process reads anything
     server.execute(2, ["b"])
     _serve(model_process)
-    first = server.next()
-    assert server.channel.has_frame()  # the second answer came with the first, not after it
-    second = server.next()
+    first, second = server.next(), server.next()
+    answers = [kinds for kinds in writes if "Executed" in kinds]
+    assert answers == [["Executed", "Executed"]]  # one write carried both answers
     assert isinstance(first, p.Executed) and isinstance(second, p.Executed)
     assert [first.batch, second.batch] == [1, 2]
     server.channel.send(p.Shutdown())
