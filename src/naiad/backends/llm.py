@@ -73,19 +73,15 @@ class LLMModel(Model):
         return LLMInstance(self.engine_config(), self.config.name)
 
     def engine_config(self) -> EngineConfig:
-        """The engine settings from the config's `parameters`."""
+        """The engine settings from the config's `parameters` (every EngineConfig field but `model`
+        by its own name: dtype, device, block_size, kv_cache_memory, max_num_seqs, ...)."""
         params = {key: value.string_value for key, value in self.config.parameters.items()}
         if "model" not in params:
             raise InvalidArgument(f"model '{self.config.name}': the llm backend needs a 'model' parameter")
         settings: dict[str, Any] = {"model": self._model_path(params["model"])}
-        if "dtype" in params:
-            settings["dtype"] = params["dtype"]
-        if "kv_cache_memory" in params:
-            try:
-                settings["kv_cache_memory"] = int(params["kv_cache_memory"])
-            except ValueError:
-                raise InvalidArgument("parameter 'kv_cache_memory' must be a number of bytes, "
-                                      f"got {params['kv_cache_memory']!r}") from None
+        for name, kind in ENGINE_PARAMETERS.items():
+            if name in params:
+                settings[name] = _parameter(name, params[name], kind)
         return EngineConfig(**settings)
 
     def _model_path(self, model: str) -> Path:
@@ -93,6 +89,26 @@ class LLMModel(Model):
             return BUNDLED[model]()
         path = Path(model)
         return path if path.is_absolute() else self.version_dir / path
+
+
+#: the config parameters that set EngineConfig fields, and how each is read
+ENGINE_PARAMETERS: dict[str, type] = {
+    "dtype": str, "device": str, "block_size": int, "kv_cache_memory": int, "max_num_seqs": int,
+    "max_num_batched_tokens": int, "max_model_len": int, "enable_prefix_caching": bool,
+}
+
+
+def _parameter(name: str, text: str, kind: type) -> Any:
+    if kind is bool:
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise InvalidArgument(f"parameter '{name}' must be true or false, got {text!r}")
+        return text.lower() in ("true", "1")
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise InvalidArgument(f"parameter '{name}' must be an integer, got {text!r}") from None
+    return text
 
 
 def load_tokenizer(model: Path) -> Tokenizer:

@@ -145,7 +145,8 @@ def _sampling(body: Body) -> dict[str, Any]:
         if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
             raise InvalidArgument(f"'temperature' must be a number between 0 and 2, got {temperature!r}")
         parameters["temperature"] = float(temperature)
-    for key in ("max_completion_tokens", "max_tokens", "top_p", "seed"):
+    # ignore_eos, top_k and min_p are vLLM's extensions (the bench asks for exact lengths).
+    for key in ("max_completion_tokens", "max_tokens", "top_p", "seed", "ignore_eos", "top_k", "min_p"):
         if body.get(key) is not None:
             parameters["max_tokens" if key == "max_completion_tokens" else key] = body[key]
     return parameters
