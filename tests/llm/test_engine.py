@@ -16,7 +16,7 @@ from llm.tiny_models import TINY, hf_greedy, hf_model
 from naiad.errors import InvalidArgument
 from naiad.llm.engine import EngineConfig, LLMEngine
 from naiad.llm.sampling_params import GREEDY, SamplingParams
-from naiad.llm.sequence import FinishReason
+from naiad.llm.sequence import FinishReason, Sequence
 
 BLOCK = 4
 
@@ -172,3 +172,47 @@ def test_bad_requests_are_refused_before_scheduling(tiny_models: dict[str, Path]
     with pytest.raises(ValueError, match="exceeds the model's context"):
         _engine(tiny_models["llama"], max_model_len=1000)
     assert not engine.has_unfinished()
+
+
+def _finish(engine: LLMEngine) -> dict[str, Sequence]:
+    finished = {}
+    while engine.has_unfinished():
+        finished.update((seq.seq_id, seq) for seq in engine.step())
+    return finished
+
+
+def test_stop_token_ids_and_min_tokens(tiny_models: dict[str, Path], references: dict[str, list[list[int]]]) -> None:
+    engine = _engine(tiny_models["llama"])
+    prompt, expected = REQUESTS[0][0], references["llama"][0]
+    stop_at = next(i for i in range(1, len(expected)) if expected[i] not in expected[:i])
+    stopped = engine.add_request(prompt, 12, sampling_params=SamplingParams(temperature=0.0,
+                                                                            stop_token_ids=(expected[stop_at],)))
+    # min_tokens past the stop token: it may not be drawn, so the greedy output changes there.
+    held = engine.add_request(prompt, 12, sampling_params=SamplingParams(
+        temperature=0.0, stop_token_ids=(expected[stop_at],), min_tokens=stop_at + 2))
+    finished = _finish(engine)
+    assert finished[stopped].output_token_ids == expected[: stop_at + 1]
+    assert finished[stopped].finish_reason is FinishReason.STOP
+    held_tokens = finished[held].output_token_ids
+    assert held_tokens[:stop_at] == expected[:stop_at]
+    assert expected[stop_at] not in held_tokens[: stop_at + 2]
+    with pytest.raises(InvalidArgument, match="outside the vocabulary"):
+        engine.add_request(prompt, 4, sampling_params=SamplingParams(stop_token_ids=(TINY["vocab_size"],)))
+
+
+def test_logprobs_are_kept_per_output_token_only_when_asked(tiny_models: dict[str, Path]) -> None:
+    engine = _engine(tiny_models["llama"])
+    asking = engine.add_request(PREFIX, 6, sampling_params=SamplingParams(temperature=0.0, logprobs=3))
+    sampled = engine.add_request(PREFIX[:12], 5, sampling_params=SamplingParams(temperature=1.0, logprobs=0, seed=3))
+    plain = engine.add_request(PREFIX[:7], 6, sampling_params=GREEDY)
+    finished = _finish(engine)
+    assert finished[plain].logprobs is None
+    seq = finished[asking]
+    assert seq.logprobs is not None and len(seq.logprobs) == 6
+    for token, (logprob, top_ids, top_values) in zip(seq.output_token_ids, seq.logprobs, strict=True):
+        assert len(top_ids) == len(top_values) == 3
+        assert top_ids[0] == token and logprob == pytest.approx(top_values[0])  # greedy: the top token
+        assert top_values == sorted(top_values, reverse=True) and all(v <= 0 for v in top_values)
+    draws = finished[sampled]
+    assert draws.logprobs is not None and len(draws.logprobs) == 5
+    assert all(ids == values == [] and logprob <= 0 for logprob, ids, values in draws.logprobs)

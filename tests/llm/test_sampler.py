@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from naiad.errors import InvalidArgument
-from naiad.llm.sampler import SamplingBatch, apply_filters, sample
+from naiad.llm.sampler import SamplingBatch, apply_filters, logprobs, sample
 from naiad.llm.sampling_params import GREEDY, SamplingParams
 
 PROBS = torch.tensor([0.05, 0.5, 0.15, 0.3])  # sorted: 1 (0.5), 3 (0.3), 2 (0.15), 0 (0.05)
@@ -122,3 +122,99 @@ def test_invalid_sampling_params_are_refused(bad: dict[str, object]) -> None:
 def test_greedy_and_filters_flags() -> None:
     assert GREEDY.greedy and SamplingParams(top_k=1).greedy and not SamplingParams().greedy
     assert not SamplingParams().filters and SamplingParams(min_p=0.1).filters
+
+
+# -- penalties, banned tokens and logprobs -------------------------------------------------------
+
+
+def _penalized(params: SamplingParams, logits: torch.Tensor, prompt: list[int], output: list[int]) -> torch.Tensor:
+    batch = SamplingBatch.build([params], [None], logits.shape[-1], "cpu", history=[(prompt, output)])
+    assert batch.penalties is not None
+    return batch.penalties.apply(logits[None])[0]
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens() -> None:
+    logits = torch.tensor([2.0, -1.0, 3.0, -4.0, 0.5])
+    # token 0 (positive) in the prompt, 1 (negative) in the output, 2 and 3 never seen
+    penalized = _penalized(SamplingParams(repetition_penalty=2.0), logits, prompt=[0, 0], output=[1])
+    assert penalized.tolist() == [1.0, -2.0, 3.0, -4.0, 0.5]
+
+
+def test_frequency_and_presence_penalties_count_output_tokens_only() -> None:
+    logits = torch.zeros(5)
+    params = SamplingParams(frequency_penalty=0.5, presence_penalty=0.25)
+    penalized = _penalized(params, logits, prompt=[4, 4, 4], output=[1, 1, 1, 2])
+    # token 1 three times: 3 * 0.5 + 0.25; token 2 once: 0.5 + 0.25; the prompt's token 4 untouched
+    assert penalized.tolist() == [0.0, -1.75, -0.75, 0.0, 0.0]
+
+
+def test_negative_penalties_favour_repeats() -> None:
+    penalized = _penalized(SamplingParams(presence_penalty=-1.0), torch.zeros(3), prompt=[0], output=[2])
+    assert penalized.tolist() == [0.0, 0.0, 1.0]
+
+
+def test_penalties_change_the_greedy_choice_of_their_row_only() -> None:
+    logits = torch.tensor([[1.0, 0.9, 0.0], [1.0, 0.9, 0.0]])
+    params = [SamplingParams(temperature=0.0, frequency_penalty=0.5), GREEDY]
+    batch = SamplingBatch.build(params, [None, None], 3, "cpu", history=[([2], [0]), ([2], [0])])
+    assert sample(logits, batch).tolist() == [1, 0]
+
+
+def test_penalties_need_the_rows_tokens() -> None:
+    with pytest.raises(ValueError, match="prompt and output tokens"):
+        SamplingBatch.build([SamplingParams(repetition_penalty=1.2)], [None], 4, "cpu")
+
+
+def test_banned_tokens_are_never_drawn() -> None:
+    logits = torch.tensor([[0.0, 9.0, 0.0], [0.0, 9.0, 0.0]])
+    batch = SamplingBatch.build([GREEDY, GREEDY], [None, None], 3, "cpu", banned=[(1,), ()])
+    assert sample(logits, batch).tolist() == [0, 1]
+
+
+def test_without_options_the_batch_carries_nothing_extra() -> None:
+    batch = SamplingBatch.build([GREEDY, SamplingParams()], [None, None], 4, "cpu", banned=[(), ()])
+    assert batch.penalties is None and batch.banned is None and batch.logprob_rows is None
+
+
+def test_logprobs_are_the_log_softmax_of_the_raw_logits() -> None:
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(3))
+    params = [SamplingParams(temperature=0.0, logprobs=5, repetition_penalty=1.5), GREEDY,
+              SamplingParams(temperature=0.7, logprobs=2)]
+    batch = SamplingBatch.build(params, [None] * 3, 40, "cpu", history=[([1, 2], [3])] * 3)
+    tokens = sample(logits, batch)
+    own, top_ids, top_values = logprobs(logits, tokens, batch)
+    expected = torch.log_softmax(logits, dim=-1)
+    assert batch.logprob_rows is not None and batch.logprob_rows.tolist() == [0, 2]
+    assert batch.num_logprobs == 5
+    torch.testing.assert_close(own, expected[[0, 2], tokens[[0, 2]]])
+    reference = expected[[0, 2]].topk(5, dim=-1)
+    assert torch.equal(top_ids, reference.indices)
+    torch.testing.assert_close(top_values, reference.values)
+    assert (own <= 0).all()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"repetition_penalty": 0.0},
+        {"repetition_penalty": float("nan")},
+        {"presence_penalty": 2.5},
+        {"frequency_penalty": -3},
+        {"frequency_penalty": float("nan")},
+        {"logprobs": -1},
+        {"logprobs": 21},
+        {"logprobs": True},
+        {"min_tokens": -1},
+        {"stop_token_ids": [2]},
+        {"stop_token_ids": (-1,)},
+    ],
+)
+def test_invalid_penalties_and_logprobs_are_refused(bad: dict[str, object]) -> None:
+    name = next(iter(bad))
+    with pytest.raises(InvalidArgument, match=name):
+        SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+def test_penalized_flag() -> None:
+    assert not SamplingParams().penalized
+    assert SamplingParams(repetition_penalty=1.1).penalized and SamplingParams(presence_penalty=-0.5).penalized

@@ -82,6 +82,8 @@ class LLMEngine:
         if request_id is None:
             request_id = f"req-{next(self._request_ids)}"
         self._check_tokens(prompt_token_ids)
+        if sampling_params is not None and sampling_params.stop_token_ids:
+            self._check_tokens(list(sampling_params.stop_token_ids))
         seq = Sequence(
             request_id,
             prompt_token_ids,
@@ -110,8 +112,8 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """Run one model step; return the sequences that finished in it."""
         output = self.scheduler.schedule()
-        sampled = self.runner.execute(output)
-        return self.scheduler.update(output, sampled)
+        sampled, logprobs = self.runner.execute(output)
+        return self.scheduler.update(output, sampled, logprobs)
 
     def generate(
         self, prompts: list[list[int]], max_tokens: int = 16, sampling_params: SamplingParams | None = None

@@ -16,9 +16,9 @@ import torch
 from naiad.llm.attention import AttentionMetadata, allocate_kv_caches
 from naiad.llm.block_manager import num_blocks_for
 from naiad.llm.loader import load_model
-from naiad.llm.sampler import SamplingBatch, sample
+from naiad.llm.sampler import SamplingBatch, logprobs, sample
 from naiad.llm.scheduler import SchedulerOutput
-from naiad.llm.sequence import Sequence
+from naiad.llm.sequence import Sequence, TokenLogprobs
 
 #: What `execute` returns for rows that sample nothing (prefill chunks with more to come).
 NO_TOKEN = -1
@@ -77,17 +77,34 @@ class ModelRunner:
         self._generators: dict[str, torch.Generator] = {}
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> list[int]:
-        """Run one scheduled step; one token per row, `NO_TOKEN` where `output.sample` is False."""
+    def execute(self, output: SchedulerOutput) -> tuple[list[int], list[TokenLogprobs | None] | None]:
+        """Run one scheduled step: one token per row (`NO_TOKEN` where `output.sample` is False),
+        and, when some sampling row asks for logprobs, one entry per row (None for the others)."""
         for seq_id in output.finished_seq_ids:
             self._generators.pop(seq_id, None)
         if not output.seqs:
-            return []
+            return [], None
         inputs = self.prepare(output)
         logits = self.model(inputs.token_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
         sampling = [seq for seq, row_samples in zip(output.seqs, output.sample, strict=True) if row_samples]
-        tokens = iter(sample(logits, self._sampling_batch(sampling)).tolist())
-        return [next(tokens) if row_samples else NO_TOKEN for row_samples in output.sample]
+        batch = self._sampling_batch(sampling)
+        sampled = sample(logits, batch)
+        tokens = iter(sampled.tolist())
+        token_ids = [next(tokens) if row_samples else NO_TOKEN for row_samples in output.sample]
+        if batch.logprob_rows is None:
+            return token_ids, None
+        # The asking rows' logprobs, each cut to its own N, at their rows of the output.
+        own, top_ids, top_logprobs = (t.tolist() for t in logprobs(logits, sampled, batch))
+        asking = iter(zip(own, top_ids, top_logprobs, strict=True))
+        per_row: list[TokenLogprobs | None] = []
+        for seq, row_samples in zip(output.seqs, output.sample, strict=True):
+            n = seq.sampling_params.logprobs
+            if row_samples and n is not None:
+                logprob, ids, values = next(asking)
+                per_row.append((logprob, ids[:n], values[:n]))
+            else:
+                per_row.append(None)
+        return token_ids, per_row
 
     def prepare(self, output: SchedulerOutput) -> StepInputs:
         """Flatten the rows: row `i` brings tokens `[c, c + num_tokens[i])` of its sequence."""
@@ -113,7 +130,16 @@ class ModelRunner:
     def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
         params = [seq.sampling_params for seq in seqs]
         generators = [self._generator(seq) for seq in seqs]
-        return SamplingBatch.build(params, generators, self.args.vocab_size, self.device)
+        # Penalties and min_tokens need the rows' tokens: gathered only when a row uses them.
+        history = None
+        if any(p.penalized for p in params):
+            history = [(seq.prompt_token_ids, seq.output_token_ids) if seq.sampling_params.penalized else ([], [])
+                       for seq in seqs]
+        banned = None
+        if any(p.min_tokens for p in params):
+            banned = [seq.banned_token_ids for seq in seqs]
+        return SamplingBatch.build(params, generators, self.args.vocab_size, self.device, history=history,
+                                   banned=banned)
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         """A seeded request's own generator, made at its first draw and kept until it finishes."""

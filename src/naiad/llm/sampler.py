@@ -4,6 +4,11 @@ Greedy rows take the argmax. The others divide their logits by the temperature, 
 tokens outside top-k, top-p and min-p, and draw from the rest with the exponential race
 (`argmax(p / E)` with `E ~ Exp(1)` picks token `i` with probability `p[i]`), which needs no
 host sync and lets a seeded row draw its noise from its own generator.
+
+Before that, and only for the rows that ask: penalties (repetition over prompt and output,
+presence and frequency over the output) and the tokens a row may not draw yet (min_tokens).
+Logprobs are the log-softmax of the raw logits, before any of this (vLLM's default "raw").
+A batch without these options pays two `is None` checks for them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ class SamplingBatch:
     generators: list[torch.Generator | None]  # a row's own generator when it has a seed
     all_greedy: bool
     any_filter: bool
+    penalties: Penalties | None = None  # None when no row has a penalty
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) that may not be drawn
+    logprob_rows: torch.Tensor | None = None  # [rows asking] their row indices; None when none asks
+    num_logprobs: int = 0  # the most top alternatives a row asks for
 
     @classmethod
     def build(
@@ -35,11 +44,18 @@ class SamplingBatch:
         generators: list[torch.Generator | None],
         vocab_size: int,
         device: torch.device | str,
+        *,
+        history: list[tuple[list[int], list[int]]] | None = None,
+        banned: list[tuple[int, ...]] | None = None,
     ) -> SamplingBatch:
+        """`history` is each row's (prompt, output) token ids, read only when a row has a
+        penalty (rows without one may give empty lists); `banned` each row's tokens that may
+        not be drawn (None when no row has any)."""
+
         def tensor(values: list[float] | list[int] | list[bool], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)
 
-        return cls(
+        batch = cls(
             temperatures=tensor([1.0 if p.greedy else p.temperature for p in params], torch.float32),
             top_k=tensor([p.top_k or vocab_size for p in params], torch.int64),
             top_p=tensor([p.top_p for p in params], torch.float32),
@@ -49,10 +65,78 @@ class SamplingBatch:
             all_greedy=all(p.greedy for p in params),
             any_filter=any(p.filters and not p.greedy for p in params),
         )
+        if any(p.penalized for p in params):
+            if history is None:
+                raise ValueError("penalties need each row's prompt and output tokens")
+            batch.penalties = Penalties.build(params, history, vocab_size, device)
+        if banned is not None and any(banned):
+            rows = [row for row, tokens in enumerate(banned) for _ in tokens]
+            batch.banned = (tensor(rows, torch.int64), tensor([t for tokens in banned for t in tokens], torch.int64))
+        asking = [row for row, p in enumerate(params) if p.logprobs is not None]
+        if asking:
+            batch.logprob_rows = tensor(asking, torch.int64)
+            batch.num_logprobs = max(params[row].logprobs or 0 for row in asking)
+        return batch
+
+
+@dataclass(slots=True)
+class Penalties:
+    """The penalties of a step's rows and the token statistics they apply to."""
+
+    repetition: torch.Tensor  # [rows, 1] float32; 1 where off
+    presence: torch.Tensor  # [rows, 1] float32
+    frequency: torch.Tensor  # [rows, 1] float32
+    seen: torch.Tensor  # [rows, vocab] bool: in the prompt or the output
+    output_counts: torch.Tensor  # [rows, vocab] float32: times generated
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        history: list[tuple[list[int], list[int]]],
+        vocab_size: int,
+        device: torch.device | str,
+    ) -> Penalties:
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
+
+        def padded(rows: list[list[int]]) -> torch.Tensor:
+            # Padding goes to an extra column `vocab_size` that is dropped afterwards.
+            width = max(1, max(map(len, rows), default=0))
+            table = [list(row) + [vocab_size] * (width - len(row)) for row in rows]
+            return torch.tensor(table, dtype=torch.int64, device=device)
+
+        rows = list(zip(params, history, strict=True))
+        prompts = [list(prompt) if p.repetition_penalty != 1 else [] for p, (prompt, _) in rows]
+        outputs = [list(output) if p.penalized else [] for p, (_, output) in rows]
+        out_ids = padded(outputs)
+        counts = torch.zeros(len(params), vocab_size + 1, dtype=torch.float32, device=device)
+        counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=torch.float32))
+        counts = counts[:, :vocab_size]
+        in_prompt = torch.zeros(len(params), vocab_size + 1, dtype=torch.bool, device=device)
+        in_prompt.scatter_(1, padded(prompts), True)
+        return cls(
+            repetition=column([p.repetition_penalty for p in params]),
+            presence=column([p.presence_penalty for p in params]),
+            frequency=column([p.frequency_penalty for p in params]),
+            seen=in_prompt[:, :vocab_size] | (counts > 0),
+            output_counts=counts,
+        )
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """The penalized logits (a new float32 tensor): repetition, then frequency and presence."""
+        logits = logits.float()
+        repeated = torch.where(logits > 0, logits / self.repetition, logits * self.repetition)
+        logits = torch.where(self.seen, repeated, logits)
+        return logits - self.frequency * self.output_counts - self.presence * (self.output_counts > 0)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """One token id per row of `logits` (`[rows, vocab]`), as an int64 tensor on its device."""
+    if batch.penalties is not None:
+        logits = batch.penalties.apply(logits)
+    if batch.banned is not None:
+        logits = logits.float().index_put(batch.banned, torch.tensor(float("-inf"), device=logits.device))
     greedy_tokens = logits.argmax(dim=-1)
     if batch.all_greedy:
         return greedy_tokens
@@ -88,3 +172,18 @@ def _race(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torc
         if generator is not None:
             noise[row].exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
+
+
+def logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the rows of `batch.logprob_rows`: the sampled token's logprob `[r]`, and the ids and
+    logprobs of the `batch.num_logprobs` most likely tokens `[r, n]`, most likely first; from
+    the log-softmax of the raw `logits` (before penalties, temperature and filters)."""
+    if batch.logprob_rows is None:
+        raise ValueError("no row asks for logprobs")
+    rows = batch.logprob_rows
+    log_probs = logits.index_select(0, rows).float().log_softmax(dim=-1)
+    sampled = log_probs.gather(1, tokens.index_select(0, rows)[:, None])[:, 0]
+    top_logprobs, top_ids = log_probs.topk(batch.num_logprobs, dim=-1)
+    return sampled, top_ids, top_logprobs

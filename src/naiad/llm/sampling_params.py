@@ -11,6 +11,8 @@ from naiad.errors import InvalidArgument
 
 #: Below this temperature a request is greedy: dividing logits by ~0 only overflows (as vLLM).
 GREEDY_TEMPERATURE = 1e-5
+#: The most top alternatives a request may ask logprobs for (as OpenAI's top_logprobs).
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,15 @@ class SamplingParams:
     token; `top_p` 1 keeps the whole nucleus; `min_p` 0 keeps tokens of any probability.
     `seed` makes the request's draws reproducible whatever it is batched with; None draws from
     the runner's shared generator.
+
+    Penalties change the logits before anything else (greedy rows too), as vLLM:
+    `repetition_penalty` (1 is off) divides the positive logits and multiplies the negative ones
+    of every token in the prompt or the output so far; `frequency_penalty` subtracts itself
+    times the number of times a token was generated, `presence_penalty` itself once for every
+    token generated at least once (OpenAI's definitions; 0 is off). `logprobs` N (None is off)
+    returns the log-softmax of the raw logits for the sampled token and the N most likely
+    ones. For the first `min_tokens` output tokens the end-of-sequence and `stop_token_ids`
+    tokens cannot be drawn; a `stop_token_ids` token ends the sequence like end-of-sequence.
     """
 
     temperature: float = 1.0
@@ -28,6 +39,12 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # `not (x >= lo)` rather than `x < lo` so that NaN is rejected too.
@@ -41,6 +58,21 @@ class SamplingParams:
             raise InvalidArgument(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidArgument(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.repetition_penalty, bool) or not self.repetition_penalty > 0 \
+                or self.repetition_penalty == float("inf"):
+            raise InvalidArgument(
+                f"repetition_penalty must be a number above 0 (1 is off), got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not -2 <= value <= 2:
+                raise InvalidArgument(f"{name} must be in [-2, 2], got {value}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise InvalidArgument(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise InvalidArgument(f"min_tokens must be an integer of at least 0, got {self.min_tokens!r}")
+        if not isinstance(self.stop_token_ids, tuple) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise InvalidArgument(
+                f"stop_token_ids must be token ids (integers of at least 0), got {self.stop_token_ids!r}")
 
     @property
     def greedy(self) -> bool:
@@ -50,6 +82,15 @@ class SamplingParams:
     def filters(self) -> bool:
         """Whether any of top-k, top-p and min-p removes tokens."""
         return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any of the repetition, presence and frequency penalties is on."""
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 GREEDY = SamplingParams(temperature=0.0)

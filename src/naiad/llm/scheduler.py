@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from naiad.errors import AlreadyExists, InvalidArgument
 from naiad.llm.block_manager import BlockManager
-from naiad.llm.sequence import FinishReason, Sequence, SequenceStatus
+from naiad.llm.sequence import FinishReason, Sequence, SequenceStatus, TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +84,12 @@ class Scheduler:
       comes last in (priority, arrival) order is preempted: its blocks are freed, it returns
       to the waiting queue under its original order (ahead of everything that arrived after
       it) and later recomputes its prompt and output so far, mostly from the prefix cache.
-    - `update(output, sampled_token_ids)` is called once per `schedule()`, after the runner
-      executed it, with one token per row of the output (ignored for rows with
-      `sample[i] == False`). It records the computed tokens, appends the sampled ones, and
-      finishes sequences on an end-of-sequence token, `max_tokens` or the context length,
-      freeing their blocks at once; finished sequences leave the batch for the next step.
+    - `update(output, sampled_token_ids, logprobs)` is called once per `schedule()`, after the
+      runner executed it, with one token per row of the output (ignored for rows with
+      `sample[i] == False`) and, when some row asked, one logprobs entry per row. It records
+      the computed tokens, appends the sampled ones, and finishes sequences on an
+      end-of-sequence or stop token, `max_tokens` or the context length, freeing their
+      blocks at once; finished sequences leave the batch for the next step.
     - `abort(seq_id)` finishes a request wherever it is and frees its blocks at once; it is
       called between steps (the engine loop runs schedule, execute and update back to back).
     """
@@ -158,18 +159,25 @@ class Scheduler:
             self._schedule_waiting(output, budget)
         return output
 
-    def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
-        """Apply the runner's results for `output`; return the sequences that finished."""
+    def update(
+        self, output: SchedulerOutput, sampled_token_ids: list[int], logprobs: list[TokenLogprobs | None] | None = None
+    ) -> list[Sequence]:
+        """Apply the runner's results for `output`; return the sequences that finished.
+
+        `logprobs` (None when no row asked) has one entry per row, for rows whose sequence
+        keeps logprobs."""
         if len(sampled_token_ids) != len(output.seqs):
             raise ValueError(f"{len(sampled_token_ids)} sampled tokens for {len(output.seqs)} scheduled sequences")
         finished = []
-        for seq, num_tokens, token_id in zip(output.seqs, output.num_tokens, sampled_token_ids, strict=True):
+        for row, (seq, num_tokens, token_id) in enumerate(
+            zip(output.seqs, output.num_tokens, sampled_token_ids, strict=True)
+        ):
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted after it was scheduled
             self.block_manager.mark_computed(seq, num_tokens)
             if seq.num_uncomputed_tokens:
                 continue  # a prefill chunk with more to come: nothing was sampled
-            seq.append_token(token_id)
+            seq.append_token(token_id, None if logprobs is None else logprobs[row])
             reason = seq.stop_reason(self.config.max_model_len)
             if reason is not None:
                 self._finish(seq, reason)

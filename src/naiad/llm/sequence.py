@@ -10,6 +10,9 @@ import enum
 
 from naiad.llm.sampling_params import SamplingParams
 
+#: One output token's logprobs: its own, and the top alternatives' ids and logprobs (most likely first).
+TokenLogprobs = tuple[float, list[int], list[float]]
+
 
 class SequenceStatus(enum.IntEnum):
     WAITING = 0
@@ -21,7 +24,7 @@ class SequenceStatus(enum.IntEnum):
 class FinishReason(enum.StrEnum):
     """Why a sequence ended; the values are OpenAI's `finish_reason` strings."""
 
-    STOP = "stop"  # an end-of-sequence token
+    STOP = "stop"  # an end-of-sequence token, a stop token id (or, in the backend, a stop string)
     LENGTH = "length"  # max_tokens or the model's context length
     ABORT = "abort"  # the client went away
 
@@ -35,7 +38,8 @@ class Sequence:
     is how many of its tokens the last allocation found in the prefix cache. `block_hashes`
     holds the chained hashes of the full blocks of `token_ids`: they depend on content only,
     so they survive preemption. The scheduler stamps `arrival` when the sequence is added;
-    the runner reads `sampling_params` to pick each next token.
+    the runner reads `sampling_params` to pick each next token. `logprobs` holds one
+    `TokenLogprobs` per output token when the sampling params ask for them, else None.
     """
 
     __slots__ = (
@@ -45,6 +49,7 @@ class Sequence:
         "eos_token_ids",
         "finish_reason",
         "ignore_eos",
+        "logprobs",
         "max_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -82,6 +87,7 @@ class Sequence:
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
+        self.logprobs: list[TokenLogprobs] | None = None if self.sampling_params.logprobs is None else []
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -117,12 +123,24 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
         self.token_ids.append(token_id)
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs.append(logprobs)
+
+    @property
+    def banned_token_ids(self) -> tuple[int, ...]:
+        """Tokens the next draw may not pick: end-of-sequence and stop tokens before min_tokens."""
+        params = self.sampling_params
+        if self.num_output_tokens >= params.min_tokens:
+            return ()
+        return (() if self.ignore_eos else self.eos_token_ids) + params.stop_token_ids
 
     def stop_reason(self, max_model_len: int) -> FinishReason | None:
         """Why the sequence must stop after its last appended token, or None to go on."""
-        if not self.ignore_eos and self.token_ids[-1] in self.eos_token_ids:
+        last, params = self.token_ids[-1], self.sampling_params
+        stop_token = (not self.ignore_eos and last in self.eos_token_ids) or last in params.stop_token_ids
+        if stop_token and self.num_output_tokens >= params.min_tokens:
             return FinishReason.STOP
         if self.num_output_tokens >= self.max_tokens or len(self.token_ids) >= max_model_len:
             return FinishReason.LENGTH
