@@ -8,8 +8,11 @@ from typing import Any
 
 import openai
 import pytest
+from gguf import GGUFReader
 
 from e2e.llm_server import MODEL, QUESTION, llm_server
+from naiad.llm.gguf import smollm2_path
+from naiad.llm.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.e2e
 
@@ -66,6 +69,136 @@ def test_invalid_temperature_is_a_bad_request(client: openai.OpenAI, stream: boo
     assert "temperature" in caught.value.message
 
 
-def test_unsupported_setting_is_a_bad_request(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="'n' is not supported"):
-        client.chat.completions.create(model=MODEL, messages=QUESTION, n=2)
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "'tools'"),
+    ({"response_format": {"type": "json_object"}}, "response_format other than text"),
+    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"extra_body": {"no_such_field": 1}}, "unknown field 'no_such_field'"),
+    ({"presence_penalty": 3}, "presence_penalty must be in [-2, 2]"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "up to 4"),
+    ({"n": 0}, "'n' must be"),
+    ({"top_logprobs": 2}, "needs 'logprobs' true"),
+    ({"stream_options": {"include_usage": True}}, "only allowed with 'stream' true"),
+])
+def test_unsupported_or_bad_settings_are_bad_requests(client: openai.OpenAI, extra: dict[str, Any],
+                                                      message: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, **extra)
+    assert message in caught.value.message
+
+
+def test_metadata_fields_the_client_sends_are_accepted(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=3,
+                                                user="someone", store=False, metadata={"k": "v"})
+    assert completion.choices[0].message.content
+
+
+# -- usage, finish_reason, stop, n, logprobs, penalties ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer.from_gguf(GGUFReader(smollm2_path()))
+
+
+def test_usage_counts_the_tokens_and_eos_ends_with_stop(client: openai.OpenAI, tokenizer: Tokenizer) -> None:
+    completion = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=50)
+    choice, usage = completion.choices[0], completion.usage
+    assert choice.finish_reason == "stop"
+    assert usage is not None
+    assert usage.prompt_tokens == len(tokenizer.encode(tokenizer.apply_chat_template(QUESTION)))
+    # The answer's tokens and the end-of-sequence token that ended it.
+    assert usage.completion_tokens == len(tokenizer.encode(choice.message.content)) + 1
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_max_tokens_ends_with_length(client: openai.OpenAI, tokenizer: Tokenizer) -> None:
+    prompt = "The capital of France is"
+    completion = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=3)
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (len(tokenizer.encode(prompt)), 3)
+
+
+@pytest.mark.parametrize("stop", ["Paris", "is Par", ["nothing like it", "France is"]])
+def test_a_stop_string_cuts_the_text(client: openai.OpenAI, stop: str | list[str]) -> None:
+    """'is Par' spans tokens ("is", " Paris"); streamed text never shows any of it."""
+    whole = _ask(client, stream=False).choices[0].message.content
+    first = stop if isinstance(stop, str) else stop[1]
+    assert first in whole
+    expected = whole[: whole.index(first)]
+    stopped = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=20, stop=stop)
+    assert stopped.choices[0].message.content == expected
+    assert stopped.choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=20,
+                                                 stop=stop, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_n_gives_that_many_choices(client: openai.OpenAI) -> None:
+    settings: dict[str, Any] = {"model": MODEL, "messages": QUESTION, "temperature": 1.0, "seed": 5,
+                                "max_tokens": 12, "n": 2}
+    completion = client.chat.completions.create(**settings)
+    assert [choice.index for choice in completion.choices] == [0, 1]
+    texts = [choice.message.content for choice in completion.choices]
+    assert all(texts) and texts[0] != texts[1]  # seeds 5 and 6
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens <= 24
+    streamed = {0: "", 1: ""}
+    chunks = list(client.chat.completions.create(**settings, stream=True, stream_options={"include_usage": True}))
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert [streamed[0], streamed[1]] == texts
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == completion.usage.completion_tokens
+
+
+def test_chat_logprobs_with_top_alternatives(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=5,
+                                                logprobs=True, top_logprobs=3)
+    content = completion.choices[0].logprobs.content
+    assert completion.usage is not None and len(content) == completion.usage.completion_tokens == 5
+    assert "".join(entry.token for entry in content) == completion.choices[0].message.content
+    for entry in content:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the most likely one
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+        assert bytes(entry.bytes) == entry.token.encode()
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=8)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completion_logprobs(client: openai.OpenAI) -> None:
+    completion = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0,
+                                           max_tokens=5, logprobs=2)
+    choice = completion.choices[0]
+    logprobs = choice.logprobs
+    assert logprobs is not None and len(logprobs.tokens) == 5
+    assert "".join(logprobs.tokens) == choice.text
+    assert all(value <= 0 for value in logprobs.token_logprobs)
+    assert all(2 <= len(top) <= 3 and token in top for token, top in zip(logprobs.tokens, logprobs.top_logprobs,
+                                                                        strict=True))
+    assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(5)]
+
+
+def test_stream_with_include_usage_ends_with_a_usage_chunk(client: openai.OpenAI) -> None:
+    whole = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=6)
+    chunks = list(client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0,
+                                            max_tokens=6, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert all(chunk.usage is None for chunk in chunks[:-1])
+
+
+def test_penalties_change_a_repetitive_answer(client: openai.OpenAI) -> None:
+    settings: dict[str, Any] = {"model": MODEL, "prompt": "one one one one one one", "temperature": 0,
+                                "max_tokens": 12}
+    plain = client.completions.create(**settings).choices[0].text
+    assert plain.count("-to-many") == 3  # greedy: "-to-many-to-many-to-many"
+    frequency = client.completions.create(**settings, frequency_penalty=2.0).choices[0].text
+    repetition = client.completions.create(**settings, extra_body={"repetition_penalty": 2.0}).choices[0].text
+    presence = client.completions.create(**settings, presence_penalty=2.0).choices[0].text
+    for penalized in (frequency, repetition, presence):
+        assert penalized.count("-to-many") < 3, penalized

@@ -1,25 +1,32 @@
 """An OpenAI-compatible front door to "llm" models: `GET /v1/models`, `POST /v1/completions` and
 `POST /v1/chat/completions`, enough for the `openai` Python client unmodified.
 
-Each call becomes one request to the model's `text_input` with sampling settings as request
-parameters, as Triton's generate endpoint would send it. Chat messages go to the backend as a
+Each choice becomes one request to the model's `text_input` with sampling settings as request
+parameters, as Triton's generate endpoint would send them; `n` choices are `n` requests run
+together (with a seed, choice i uses seed + i, as vLLM). Chat messages go to the backend as a
 JSON array with `apply_chat_template` set: the chat template belongs to the model, and frontends
-may not import naiad.llm. `stream: true` answers with server-sent events `data: {...}` ending
-in `data: [DONE]`.
+may not import naiad.llm. The backend is asked for its finish reason, token counts and, when the
+client wants them, logprobs (with the token strings: the tokenizer is the backend's), which make
+`usage`, `finish_reason` and `logprobs` here. `stream: true` answers with server-sent events
+`data: {...}` ending in `data: [DONE]`, chunks of the choices interleaved as they come, and with
+`stream_options.include_usage` a last chunk with the usage.
 
-Not supported (a 400 rather than a silent difference): n other than 1, stop, logprobs, tools.
-Not reported: `usage` (the backend sends text only, no token counts), and finish_reason is
-always "stop" (the backend does not say whether max_tokens ended the answer).
-Errors use OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
+Fields that would change the answer but are not supported (tools, a response_format other than
+text, echo, suffix, best_of > 1, a non-empty logit_bias) are a 400, as is any field this module
+does not know; the metadata fields clients commonly send (user, metadata, store, ...) are
+accepted and ignored. Errors use OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any, cast
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -32,16 +39,26 @@ from naiad.types import DataType, InferRequest, InferResponse, Tensor
 
 Headers = dict[bytes, bytes]
 Body = dict[str, Any]
-#: one chunk's JSON for a piece of streamed text (None: the closing chunk with finish_reason)
-ChunkMaker = Callable[[str | None], Body]
 
 LLM_BACKEND = "llm"
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 _DONE = b"data: [DONE]\n\n"
-# Request keys the frontend understands; anything else the client sends is ignored, as the
-# OpenAI API tolerates extra fields (the client itself sends none unless asked).
-_UNSUPPORTED = {"n": 1, "stop": None, "logprobs": None, "top_logprobs": None, "tools": None, "best_of": None,
-                "suffix": None, "echo": False}
+MAX_N = 128  # as OpenAI
+MAX_STOP = 4  # stop strings, as OpenAI
+MAX_LOGPROBS = 20  # as vLLM (OpenAI's completions allow 5, chat's top_logprobs 20)
+# Fields read below, for both endpoints or one of them.
+_COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
+           "presence_penalty", "frequency_penalty", "logprobs", "logit_bias",
+           # vLLM's extensions
+           "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids"}
+_COMPLETION_ONLY = {"prompt", "echo", "suffix", "best_of"}
+_CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
+              "function_call", "response_format", "parallel_tool_calls"}
+# Accepted and ignored: they do not change the answer.
+_IGNORED = {"user", "metadata", "store", "service_tier"}
+# Passed to the backend as they are (it checks them and words the errors as through /generate).
+_PASSED = ("top_p", "seed", "ignore_eos", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+           "frequency_penalty", "min_tokens")
 _encoder = msgspec.json.Encoder()
 
 
@@ -64,12 +81,11 @@ async def chat_completions(server: InferenceServer, route: Route, body: bytes, h
 async def _answer(server: InferenceServer, body: bytes, chat: bool) -> Reply:
     """Every OpenAI error leaves here in OpenAI's shape, not Triton's."""
     try:
-        request_body = _parse(body)
-        request = _infer_request(server, request_body, chat)
-        if request_body.get("stream", False):
-            return await _stream(server, request, _chunk_maker(request.model_name, chat))
-        text = await _whole_text(server, request)
-        return Reply(200, _encoder.encode(_completion(request.model_name, text, chat)))
+        call = _Call.parse(server, _parse(body), chat)
+        if call.stream:
+            return await _stream(server, call)
+        choices = await asyncio.gather(*(_collect(server, request) for request in call.requests))
+        return Reply(200, _encoder.encode(call.completion(choices)))
     except NaiadError as error:
         return openai_error(error)
 
@@ -92,15 +108,103 @@ def _parse(body: bytes) -> Body:
     return document
 
 
-def _infer_request(server: InferenceServer, body: Body, chat: bool) -> InferRequest:
-    model = _model(server, body.get("model"))
-    _refuse_unsupported(body)
-    text = _messages_json(body.get("messages")) if chat else _prompt(body.get("prompt"))
-    request = InferRequest(model, None, [_text_input(text)], parameters=_sampling(body))
-    request.parameters["stream"] = bool(body.get("stream", False))
-    if chat:
-        request.parameters["apply_chat_template"] = True
-    return request
+@dataclass(slots=True)
+class _Call:
+    """One API call: its settings and the backend requests of its choices."""
+
+    model: str
+    chat: bool
+    stream: bool
+    include_usage: bool
+    logprobs: int | None  # top alternatives per token; None when the client wants no logprobs
+    requests: list[InferRequest]
+    ident: str = ""
+    created: int = 0
+
+    @classmethod
+    def parse(cls, server: InferenceServer, body: Body, chat: bool) -> _Call:
+        model = _model(server, body.get("model"))
+        _check_fields(body, chat)
+        stream = _boolean(body, "stream")
+        options = body.get("stream_options")
+        if options is not None and not stream:
+            raise InvalidArgument("'stream_options' is only allowed with 'stream' true")
+        if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+            raise InvalidArgument("'stream_options' supports only 'include_usage'")
+        include_usage = bool(options and options.get("include_usage"))
+        n = body.get("n")
+        n = 1 if n is None else n
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+            raise InvalidArgument(f"'n' must be an integer from 1 to {MAX_N}, got {n!r}")
+        logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
+        text = _messages_json(body.get("messages")) if chat else _prompt(body.get("prompt"))
+        parameters = _sampling(body)
+        parameters.update(stream=stream, return_finish_reason=True, return_num_tokens=True)
+        if chat:
+            parameters["apply_chat_template"] = True
+        if logprobs is not None:
+            parameters["logprobs"] = logprobs
+        requests = []
+        for index in range(n):
+            choice_parameters = dict(parameters)
+            if "seed" in parameters and index:
+                choice_parameters["seed"] = parameters["seed"] + index
+            requests.append(InferRequest(model, None, [_text_input(text)], parameters=choice_parameters))
+        return cls(model, chat, stream, include_usage, logprobs, requests, _new_id(chat), int(time.time()))
+
+    # -- answers
+
+    def completion(self, choices: list[_Choice]) -> Body:
+        body = self._envelope("chat.completion" if self.chat else "text_completion")
+        body["choices"] = [self._choice(index, choice) for index, choice in enumerate(choices)]
+        body["usage"] = _usage(choices)
+        return body
+
+    def _choice(self, index: int, choice: _Choice) -> Body:
+        body: Body = {"index": index, "finish_reason": choice.finish_reason or "stop",
+                      "logprobs": self._logprobs(choice.logprobs, 0) if self.logprobs is not None else None}
+        if self.chat:
+            body["message"] = {"role": "assistant", "content": choice.text}
+        else:
+            body["text"] = choice.text
+        return body
+
+    def chunk(self, index: int, text: str, logprobs: list[Body], offset: int,
+              finish_reason: str | None = None) -> Body:
+        choice: Body = {"index": index, "finish_reason": finish_reason,
+                        "logprobs": self._logprobs(logprobs, offset) if logprobs and self.logprobs is not None
+                        else None}
+        if self.chat:
+            choice["delta"] = {} if finish_reason is not None else {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
+        body["choices"] = [choice]
+        return body
+
+    def usage_chunk(self, choices: list[_Choice]) -> Body:
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
+        body["choices"] = []
+        body["usage"] = _usage(choices)
+        return body
+
+    def _envelope(self, kind: str) -> Body:
+        return {"id": self.ident, "object": kind, "created": self.created, "model": self.model}
+
+    def _logprobs(self, entries: list[Body], offset: int) -> Body:
+        """The backend's per-token entries in OpenAI's shape: chat's `content` list, or the
+        completions' parallel lists (`top_logprobs` holds the sampled token too, as vLLM)."""
+        if self.chat:
+            return {"content": [{"token": e["token"], "logprob": e["logprob"], "bytes": e["bytes"],
+                                 "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
+                                                  for t in e["top"]]} for e in entries]}
+        offsets = []
+        for entry in entries:
+            offsets.append(offset)
+            offset += len(entry["token"])
+        top = [{**{t["token"]: t["logprob"] for t in e["top"]}, e["token"]: e["logprob"]} for e in entries]
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": top, "text_offset": offsets}
 
 
 def _model(server: InferenceServer, model: Any) -> str:
@@ -112,10 +216,55 @@ def _model(server: InferenceServer, model: Any) -> str:
     return model
 
 
-def _refuse_unsupported(body: Body) -> None:
-    for key, default in _UNSUPPORTED.items():
-        if body.get(key, default) != default:
-            raise InvalidArgument(f"'{key}' is not supported by this server")
+def _check_fields(body: Body, chat: bool) -> None:
+    known = _COMMON | _IGNORED | (_CHAT_ONLY if chat else _COMPLETION_ONLY)
+    unknown = sorted(key for key in body if key not in known)
+    if unknown:
+        raise InvalidArgument(f"unknown field '{unknown[0]}': it is not supported by this server")
+    refused = [
+        ("tools", bool(body.get("tools")), "tools (function calling)"),
+        ("functions", bool(body.get("functions")), "functions (function calling)"),
+        ("tool_choice", body.get("tool_choice") not in (None, "none", "auto"), "tool_choice"),
+        ("function_call", body.get("function_call") not in (None, "none", "auto"), "function_call"),
+        ("response_format", body.get("response_format") not in (None, {"type": "text"}),
+         "a response_format other than text"),
+        ("echo", bool(body.get("echo")), "echo"),
+        ("suffix", bool(body.get("suffix")), "suffix"),
+        ("best_of", body.get("best_of") not in (None, 1), "best_of other than 1"),
+        ("logit_bias", bool(body.get("logit_bias")), "logit_bias"),
+    ]
+    for key, unsupported, what in refused:
+        if unsupported:
+            raise InvalidArgument(f"'{key}': {what} is not supported by this server")
+
+
+def _boolean(body: Body, key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"'{key}' must be true or false, got {value!r}")
+    return value
+
+
+def _completion_logprobs(body: Body) -> int | None:
+    logprobs = body.get("logprobs")
+    if logprobs is None:
+        return None
+    if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS:
+        raise InvalidArgument(f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS}, got {logprobs!r}")
+    return logprobs
+
+
+def _chat_logprobs(body: Body) -> int | None:
+    wanted = _boolean(body, "logprobs")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
+            raise InvalidArgument(f"'top_logprobs' must be an integer from 0 to {MAX_LOGPROBS}, got {top!r}")
+        if not wanted:
+            raise InvalidArgument("'top_logprobs' needs 'logprobs' true")
+    return (top or 0) if wanted else None
 
 
 def _prompt(prompt: Any) -> str:
@@ -145,10 +294,24 @@ def _sampling(body: Body) -> dict[str, Any]:
         if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
             raise InvalidArgument(f"'temperature' must be a number between 0 and 2, got {temperature!r}")
         parameters["temperature"] = float(temperature)
-    # ignore_eos, top_k and min_p are vLLM's extensions (the bench asks for exact lengths).
-    for key in ("max_completion_tokens", "max_tokens", "top_p", "seed", "ignore_eos", "top_k", "min_p"):
+    for key in ("max_completion_tokens", "max_tokens"):
         if body.get(key) is not None:
-            parameters["max_tokens" if key == "max_completion_tokens" else key] = body[key]
+            parameters["max_tokens"] = body[key]
+    for key in _PASSED:
+        if body.get(key) is not None:
+            parameters[key] = body[key]
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOP:
+            raise InvalidArgument(f"'stop' must be a non-empty string or an array of up to {MAX_STOP} of them")
+        if stops:
+            parameters["stop"] = json.dumps(stops)  # request parameters hold no lists
+    stop_token_ids = body.get("stop_token_ids")
+    if stop_token_ids:
+        if not isinstance(stop_token_ids, list):
+            raise InvalidArgument("'stop_token_ids' must be an array of token ids")
+        parameters["stop_token_ids"] = json.dumps(stop_token_ids)
     return parameters
 
 
@@ -160,93 +323,167 @@ def _text_input(text: str) -> Tensor:
 # ------------------------------------------------------------------------------------ responses
 
 
-async def _whole_text(server: InferenceServer, request: InferRequest) -> str:
-    pieces = []
+@dataclass(slots=True)
+class _Piece:
+    """What one backend response carries."""
+
+    text: str = ""
+    finish_reason: str = ""  # "" until the end
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    logprobs: list[Body] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Choice:
+    """One choice's answer so far."""
+
+    text: str = ""
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[Body] = field(default_factory=list)
+    offset: int = 0  # text length of its logprob tokens so far (completions' text_offset)
+
+    def add(self, piece: _Piece) -> None:
+        self.text += piece.text
+        self.finish_reason = piece.finish_reason or self.finish_reason
+        if piece.prompt_tokens is not None:
+            self.prompt_tokens = piece.prompt_tokens
+        if piece.completion_tokens is not None:
+            self.completion_tokens = piece.completion_tokens
+        self.logprobs.extend(piece.logprobs)
+
+
+def _usage(choices: list[_Choice]) -> Body:
+    """The prompt counts once (the choices share it), the completions of every choice add up."""
+    prompt = choices[0].prompt_tokens if choices else 0
+    completion = sum(choice.completion_tokens for choice in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _collect(server: InferenceServer, request: InferRequest) -> _Choice:
+    choice = _Choice()
     async for response in server.stream(request):
-        pieces.append(_text(response))
-    return "".join(pieces)
+        choice.add(_piece(response))
+    return choice
 
 
-def _text(response: InferResponse) -> str:
-    """The text a response carries ("" for the flags-only final); its error raises."""
+def _piece(response: InferResponse) -> _Piece:
+    """What a response carries (nothing for the flags-only final); its error raises."""
     if response.error is not None:
         error = response.error
         raise error if isinstance(error, NaiadError) else InternalError(str(error))
+    piece = _Piece()
     for tensor in response.outputs:
+        values = np.asarray(tensor.data).ravel().tolist()
         if tensor.name == "text_output":
-            return b"".join(np.asarray(tensor.data).ravel().tolist()).decode("utf-8", "replace")
-    return ""
-
-
-def _completion(model: str, text: str, chat: bool) -> Body:
-    choice: Body = {"index": 0, "finish_reason": "stop", "logprobs": None}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    return {"id": _new_id(chat), "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice]}
-
-
-def _chunk_maker(model: str, chat: bool) -> ChunkMaker:
-    """Chunks share one id and creation time, as OpenAI's do."""
-    ident, created = _new_id(chat), int(time.time())
-
-    def chunk(text: str | None) -> Body:
-        choice: Body = {"index": 0, "finish_reason": "stop" if text is None else None, "logprobs": None}
-        if chat:
-            choice["delta"] = {} if text is None else {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text or ""
-        return {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": created, "model": model, "choices": [choice]}
-
-    return chunk
+            piece.text = b"".join(values).decode("utf-8", "replace")
+        elif tensor.name == "finish_reason":
+            piece.finish_reason = values[0].decode()
+        elif tensor.name == "prompt_tokens":
+            piece.prompt_tokens = int(values[0])
+        elif tensor.name == "completion_tokens":
+            piece.completion_tokens = int(values[0])
+        elif tensor.name == "logprobs":
+            piece.logprobs = json.loads(values[0])
+    return piece
 
 
 def _new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
 
-async def _stream(server: InferenceServer, request: InferRequest, chunk: ChunkMaker) -> Reply:
-    responses = cast(AsyncGenerator[InferResponse, None], server.stream(request))
-    first = await anext(responses)
-    if first.error is not None:
+async def _stream(server: InferenceServer, call: _Call) -> Reply:
+    events = _Events(server, call)
+    try:
         # The backend validates before scheduling: a bad setting is still an ordinary error reply.
-        await responses.aclose()
-        _text(first)
-    return StreamReply(200, _Events(first, responses, chunk), SSE_CONTENT_TYPE)
+        await events.start()
+    except BaseException:
+        await events.aclose()
+        raise
+    return StreamReply(200, events, SSE_CONTENT_TYPE)
+
+
+#: one response of choice `index`, or None when its stream ended, or the exception it raised
+_Item = tuple[int, InferResponse | BaseException | None]
 
 
 class _Events:
-    """The SSE body: a chunk per piece of text, then the closing chunk and `[DONE]`."""
+    """The SSE body: a task per choice feeds one queue, so that the choices' chunks interleave
+    as they come; each choice's finish_reason chunk, then the usage chunk when asked, then
+    `[DONE]`."""
 
-    def __init__(self, first: InferResponse, responses: AsyncGenerator[InferResponse, None],
-                 chunk: ChunkMaker) -> None:
-        self._responses = responses
-        self._body = self._events(first, chunk)
+    def __init__(self, server: InferenceServer, call: _Call) -> None:
+        self.call = call
+        self.queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self.tasks = [asyncio.ensure_future(self._pump(server, index, request))
+                      for index, request in enumerate(call.requests)]
+        self.first: list[_Item] = []
+        self._body = self._events()
 
-    async def _events(self, first: InferResponse, chunk: ChunkMaker) -> AsyncGenerator[bytes, None]:
-        response: InferResponse | None = first
-        while response is not None:
+    async def _pump(self, server: InferenceServer, index: int, request: InferRequest) -> None:
+        responses = server.stream(request)
+        try:
+            async for response in responses:
+                self.queue.put_nowait((index, response))
+            self.queue.put_nowait((index, None))
+        except Exception as error:  # handed over to the SSE body (cancellation is not an Exception)
+            self.queue.put_nowait((index, error))
+
+    async def start(self) -> None:
+        """Wait for every choice's first response; the first error raises (before the 200)."""
+        started: set[int] = set()
+        while len(started) < len(self.tasks):
+            index, item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item if isinstance(item, NaiadError) else InternalError(str(item))
+            if item is not None and item.error is not None:
+                _piece(item)
+            started.add(index)
+            self.first.append((index, item))
+
+    async def _events(self) -> AsyncGenerator[bytes, None]:
+        call = self.call
+        choices = [_Choice() for _ in call.requests]
+        open_choices = len(choices)
+        pending = list(self.first)
+        while open_choices:
+            index, item = pending.pop(0) if pending else await self.queue.get()
+            if item is None:
+                open_choices -= 1
+                continue
             try:
-                text = _text(response)
+                if isinstance(item, BaseException):
+                    raise item if isinstance(item, NaiadError) else InternalError(str(item))
+                piece = _piece(item)
             except NaiadError as error:  # after the 200 is sent, an error can only be an event
                 yield _sse(_error_body(error))
                 return
-            if text:
-                yield _sse(chunk(text))
-            response = await anext(self._responses, None)
-        yield _sse(chunk(None))
+            choice = choices[index]
+            offset = choice.offset
+            choice.add(piece)
+            choice.offset += sum(len(entry["token"]) for entry in piece.logprobs)
+            if piece.text or piece.logprobs:
+                yield _sse(call.chunk(index, piece.text, piece.logprobs, offset))
+            if piece.finish_reason:
+                yield _sse(call.chunk(index, "", [], 0, piece.finish_reason))
+        if call.include_usage:
+            yield _sse(call.usage_chunk(choices))
         yield _DONE
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._body
 
     async def aclose(self) -> None:
-        # Closing server.stream marks the request cancelled, so a client that leaves stops the engine.
+        # Cancelling a pump closes its server.stream, which marks the request cancelled: a client
+        # that leaves stops the engine.
         await self._body.aclose()
-        await self._responses.aclose()
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def _sse(value: Body) -> bytes:
@@ -267,3 +504,5 @@ def _error_body(error: NaiadError) -> Body:
         status, "invalid_request_error")
     return {"error": {"message": error.message, "type": kind, "param": None,
                       "code": "model_not_found" if status == 404 else None}}
+
+
