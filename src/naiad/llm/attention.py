@@ -15,7 +15,9 @@ tokens, and a decode step.
 
 Decode rows (one new token) are batched into one padded attention call; each prefill row runs
 on its own, since padding a long chunk's queries across the batch would cost
-`rows x chunk x context` scores. No fused kernel: correctness first.
+`rows x chunk x context` scores. On the CPU, decode rows go to a C kernel
+(`naiad.llm.kernels`) that reads the cache through the block tables directly; the torch
+reference below stays for other devices, for prefill, and to check the kernel against.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from naiad.llm import kernels
 
 #: One layer's cache: (keys, values), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -136,6 +140,8 @@ def paged_attention(
     `[tokens, heads, head_dim]`.
     """
     write_kv(k, v, cache, meta.slot_mapping)
+    if not meta.prefills:  # decode rows only: no scatter into a separate output
+        return _decode(q, cache, meta, scale)
     out = torch.empty_like(q)
     if len(meta.decode_tokens):
         out[meta.decode_tokens] = _decode(q[meta.decode_tokens], cache, meta, scale)
@@ -146,7 +152,14 @@ def paged_attention(
 
 
 def _decode(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """One query per row against its whole context, all rows in one padded call."""
+    """One query per row against its whole context."""
+    if kernels.supports(q):
+        return kernels.paged_decode_attention(q, *cache, meta.decode_block_tables, meta.decode_context_lens, scale)
+    return decode_reference(q, cache, meta, scale)
+
+
+def decode_reference(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """The torch decode: all rows in one padded call over their gathered context."""
     keys, values = (_gather(c, meta.decode_block_tables) for c in cache)  # [rows, ctx, kv_heads, d]
     positions = torch.arange(keys.shape[1], device=q.device)
     mask = positions[None, :] < meta.decode_context_lens[:, None]  # padding past each context
@@ -169,8 +182,11 @@ def _prefill(q: torch.Tensor, cache: KVCache, row: PrefillRow, scale: float) -> 
 
 def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """`[rows, blocks]` block ids → their tokens' entries, `[rows, blocks * block_size, kv_heads, d]`."""
-    blocks = cache[block_tables]  # [rows, blocks, block_size, kv_heads, d]
-    return blocks.flatten(1, 2)
+    # index_select copies whole blocks; advanced indexing `cache[block_tables]` is several
+    # times slower on the CPU, and much slower in bf16.
+    rows, width = block_tables.shape
+    blocks = cache.index_select(0, block_tables.reshape(-1))  # [rows * blocks, block_size, kv_heads, d]
+    return blocks.view(rows, width * cache.shape[1], *cache.shape[2:])
 
 
 def _sdpa(

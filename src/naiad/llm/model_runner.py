@@ -15,6 +15,7 @@ import torch
 
 from naiad.llm.attention import AttentionMetadata, allocate_kv_caches
 from naiad.llm.block_manager import num_blocks_for
+from naiad.llm.cpu_linear import can_prepack, prepack_linears
 from naiad.llm.loader import load_model
 from naiad.llm.sampler import SamplingBatch, logprobs, sample
 from naiad.llm.scheduler import SchedulerOutput
@@ -53,7 +54,9 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.model = load_model(config.model, config.dtype, self.device)
         self.args = self.model.args
-        self.dtype = self.model.lm_head.weight.dtype
+        self.dtype = self.model.model.embed_tokens.weight.dtype
+        if can_prepack(self.dtype, self.device):
+            prepack_linears(self.model)
         self.block_size = config.block_size
         self.num_blocks = num_blocks_for(
             config.kv_cache_memory,

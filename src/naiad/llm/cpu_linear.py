@@ -1,0 +1,56 @@
+"""Linear layers with oneDNN's prepacked weights, for bf16 models on the CPU.
+
+`nn.Linear` hands its weight to oneDNN in the plain row-major layout, which oneDNN reorders
+into its blocked layout on every call. Reordering once at load (what torch.compile's freezing
+pass does) and calling oneDNN's linear directly makes a single-row bf16 GEMV about twice as
+fast here (the LM head of a 123M Llama: 8.1 ms → 4.3 ms on one core) with bit-identical
+results. In fp32 the packed kernel rounds differently (about 1e-4), so fp32 stays plain.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+#: The batch size oneDNN tunes the packed layout for: decode steps have few rows per sequence.
+_ROWS_HINT = 1
+
+
+def can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
+    return (
+        device.type == "cpu"
+        and dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+class PackedLinear(nn.Module):
+    """`y = x @ W.T + b` with `W` kept only in oneDNN's layout (the plain copy is dropped)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        # Buffers, not parameters: nothing trains them, and `named_parameters` keeps meaning
+        # "the checkpoint's tensors".
+        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), _ROWS_HINT)
+        self.register_buffer("packed_weight", packed)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def prepack_linears(model: nn.Module) -> int:
+    """Swap every `nn.Linear` of `model` for a `PackedLinear`; returns how many were swapped."""
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+    for parent, name, child in swaps:
+        setattr(parent, name, PackedLinear(child))
+    return len(swaps)

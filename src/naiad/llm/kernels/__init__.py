@@ -1,0 +1,127 @@
+"""CPU kernels in plain C, built on first use with the machine's gcc and called through ctypes.
+
+Why not a torch C++ extension: one including torch's headers takes about a minute to compile
+on two cores, while this C file builds in under a second and needs nothing but gcc (which CI
+has). The library is built for this CPU (`-march=native`) into the cache directory
+(`$NAIAD_CACHE_DIR`, else a per-user folder under the temp dir), keyed by the source and the
+CPU; a build that fails leaves the torch reference in charge. `NAIAD_LLM_KERNELS=0` turns the
+kernels off (to compare against the reference).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_attention.c")
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_tried = False
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("NAIAD_CACHE_DIR") or os.path.join(tempfile.gettempdir(), f"naiad-{os.getuid()}")
+    return Path(base) / "kernels"
+
+
+def _cpu_key() -> str:
+    """What `-march=native` depends on: the architecture and the CPU's model and flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))][:2]
+    except OSError:
+        lines = []
+    return platform.machine() + "|" + "|".join(lines)
+
+
+def _build() -> Path | None:
+    compiler = shutil.which(os.environ.get("CC", "gcc"))
+    if compiler is None:
+        log.warning("no C compiler found: the LLM engine uses its torch attention on the CPU")
+        return None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + _cpu_key().encode()).hexdigest()[:16]
+    target = cache_dir() / f"paged_attention-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    command = [compiler, "-O3", "-march=native", "-ffast-math", "-shared", "-fPIC", str(SOURCE), "-o", str(partial),
+               "-lm"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        log.warning("building the CPU attention kernel failed (%s): using the torch reference\n%s",
+                    " ".join(command), result.stderr[-2000:])
+        partial.unlink(missing_ok=True)
+        return None
+    os.replace(partial, target)  # atomic: a concurrent build of the same key loses nothing
+    return target
+
+
+def library() -> ctypes.CDLL | None:
+    """The kernels' library, built and loaded once per process; None when it cannot be had."""
+    global _library, _tried
+    with _lock:
+        if _tried:
+            return _library
+        _tried = True
+        if os.environ.get("NAIAD_LLM_KERNELS", "1") == "0":
+            return None
+        path = _build()
+        if path is None:
+            return None
+        lib = ctypes.CDLL(str(path))
+        function = lib.paged_decode_attention
+        function.restype = ctypes.c_int
+        function.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 6, *[ctypes.c_int64] * 6, ctypes.c_float]
+        _library = lib
+        return _library
+
+
+def supports(q: torch.Tensor) -> bool:
+    return q.device.type == "cpu" and q.dtype in _DTYPES and library() is not None
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """`q` `[rows, heads, d]`, one query per row, over the paged cache; see paged_attention.c.
+
+    Call only where `supports(q)`; the tensors are made contiguous (and int64) here.
+    """
+    lib = library()
+    assert lib is not None, "paged_decode_attention called without the kernel library"
+    q = q.contiguous()
+    tables = block_tables.to(torch.int64).contiguous()
+    lens = context_lens.to(torch.int64).contiguous()
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the KV cache must be contiguous")
+    rows, heads, head_dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    out = torch.empty_like(q)
+    status = lib.paged_decode_attention(
+        _DTYPES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+        out.data_ptr(), rows, heads, kv_heads, head_dim, block_size, tables.shape[1] if tables.dim() == 2 else 0,
+        scale,
+    )
+    if status != 0:
+        raise MemoryError("the attention kernel could not allocate its scratch memory")
+    return out

@@ -1,0 +1,144 @@
+/* Decode attention over a paged KV cache, for the CPU.
+ *
+ * One query token per row attends to its row's whole context, read straight from the cache
+ * through the row's block table: no gather into a padded copy, no mask, no per-(row, head)
+ * small GEMM. Scores and the weighted sum of values are accumulated in float32 whatever the
+ * storage type (float32, bfloat16 or float16), with a two-pass softmax (max, then exp-sum).
+ *
+ * Layouts (all contiguous):
+ *   q, out        [rows, heads, head_dim]
+ *   k/v cache     [num_blocks, block_size, kv_heads, head_dim]
+ *   block_tables  [rows, max_blocks] int64 (entries past a row's context are not read)
+ *   context_lens  [rows] int64
+ * heads is a multiple of kv_heads (grouped-query attention: head h reads kv head h / group).
+ *
+ * Built by naiad/llm/kernels/__init__.py with `gcc -O3 -march=native -ffast-math` and called
+ * through ctypes; see there for why a plain C library rather than a torch extension.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 };
+
+static inline float bf16_to_f32(uint16_t v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN stays NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest, ties to even, as torch does */
+    return (uint16_t)(bits >> 16);
+}
+
+/* Load `n` elements of storage type `dtype` at `src` into float32 `dst`. */
+static inline void load_f32(int dtype, const void *src, float *dst, int64_t n) {
+    if (dtype == DTYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else if (dtype == DTYPE_BF16) {
+        const uint16_t *s = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+    } else {
+        const _Float16 *s = (const _Float16 *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
+    }
+}
+
+static inline void store_f32(int dtype, const float *src, void *dst, int64_t n) {
+    if (dtype == DTYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else if (dtype == DTYPE_BF16) {
+        uint16_t *d = (uint16_t *)dst;
+        for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+    } else {
+        _Float16 *d = (_Float16 *)dst;
+        for (int64_t i = 0; i < n; i++) d[i] = (_Float16)src[i];
+    }
+}
+
+/* dot(q, k) with k in storage type `dtype`; written per type so that gcc vectorises each loop. */
+static inline float dot(int dtype, const float *q, const void *k, int64_t d) {
+    float acc = 0.0f;
+    if (dtype == DTYPE_F32) {
+        const float *kk = (const float *)k;
+        for (int64_t i = 0; i < d; i++) acc += q[i] * kk[i];
+    } else if (dtype == DTYPE_BF16) {
+        const uint16_t *kk = (const uint16_t *)k;
+        for (int64_t i = 0; i < d; i++) acc += q[i] * bf16_to_f32(kk[i]);
+    } else {
+        const _Float16 *kk = (const _Float16 *)k;
+        for (int64_t i = 0; i < d; i++) acc += q[i] * (float)kk[i];
+    }
+    return acc;
+}
+
+/* acc += w * v with v in storage type `dtype`. */
+static inline void axpy(int dtype, float w, const void *v, float *acc, int64_t d) {
+    if (dtype == DTYPE_F32) {
+        const float *vv = (const float *)v;
+        for (int64_t i = 0; i < d; i++) acc[i] += w * vv[i];
+    } else if (dtype == DTYPE_BF16) {
+        const uint16_t *vv = (const uint16_t *)v;
+        for (int64_t i = 0; i < d; i++) acc[i] += w * bf16_to_f32(vv[i]);
+    } else {
+        const _Float16 *vv = (const _Float16 *)v;
+        for (int64_t i = 0; i < d; i++) acc[i] += w * (float)vv[i];
+    }
+}
+
+/* Returns 0, or -1 when scratch memory could not be had (nothing is written then). */
+int paged_decode_attention(int dtype, const void *q, const void *k_cache, const void *v_cache,
+                           const int64_t *block_tables, const int64_t *context_lens, void *out,
+                           int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                           int64_t block_size, int64_t max_blocks, float scale) {
+    const int64_t elem = dtype == DTYPE_F32 ? 4 : 2;
+    const int64_t group = heads / kv_heads;
+    const int64_t token_stride = kv_heads * head_dim; /* elements between slots of the cache */
+    int64_t max_ctx = 0;
+    for (int64_t r = 0; r < rows; r++) max_ctx = context_lens[r] > max_ctx ? context_lens[r] : max_ctx;
+    float *scores = malloc((size_t)(max_ctx > 0 ? max_ctx : 1) * sizeof(float));
+    float *qf = malloc((size_t)head_dim * sizeof(float));
+    float *acc = malloc((size_t)head_dim * sizeof(float));
+    if (!scores || !qf || !acc) {
+        free(scores), free(qf), free(acc);
+        return -1;
+    }
+    const char *kc = (const char *)k_cache, *vc = (const char *)v_cache;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t ctx = context_lens[r];
+        const int64_t *table = block_tables + r * max_blocks;
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t kvh = h / group;
+            load_f32(dtype, (const char *)q + ((r * heads + h) * head_dim) * elem, qf, head_dim);
+            for (int64_t i = 0; i < head_dim; i++) qf[i] *= scale;
+            float max_score = -INFINITY;
+            for (int64_t p = 0; p < ctx; p++) {
+                const int64_t slot = table[p / block_size] * block_size + p % block_size;
+                const float s = dot(dtype, qf, kc + (slot * token_stride + kvh * head_dim) * elem, head_dim);
+                scores[p] = s;
+                max_score = s > max_score ? s : max_score;
+            }
+            float total = 0.0f;
+            for (int64_t p = 0; p < ctx; p++) {
+                scores[p] = expf(scores[p] - max_score);
+                total += scores[p];
+            }
+            memset(acc, 0, (size_t)head_dim * sizeof(float));
+            for (int64_t p = 0; p < ctx; p++) {
+                const int64_t slot = table[p / block_size] * block_size + p % block_size;
+                axpy(dtype, scores[p], vc + (slot * token_stride + kvh * head_dim) * elem, acc, head_dim);
+            }
+            const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+            for (int64_t i = 0; i < head_dim; i++) acc[i] *= inv;
+            store_f32(dtype, acc, (char *)out + ((r * heads + h) * head_dim) * elem, head_dim);
+        }
+    }
+    free(scores), free(qf), free(acc);
+    return 0;
+}

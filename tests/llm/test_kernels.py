@@ -1,0 +1,87 @@
+"""The C decode-attention kernel against the torch reference, and its fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from naiad.llm import kernels
+from naiad.llm.attention import AttentionMetadata, decode_reference
+
+BLOCK = 16
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def _case(dtype: torch.dtype, heads: int, kv_heads: int, lens: list[int], num_blocks: int = 64):
+    generator = torch.Generator().manual_seed(0)
+    shape = (num_blocks, BLOCK, kv_heads, 64)
+    k_cache = torch.randn(shape, generator=generator).to(dtype)
+    v_cache = torch.randn(shape, generator=generator).to(dtype)
+    # Shuffled blocks, so that a kernel reading them in order would be caught.
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    tables, used = [], 0
+    for length in lens:
+        count = -(-length // BLOCK)
+        tables.append(order[used : used + count])
+        used += count
+    meta = AttentionMetadata.build([1] * len(lens), lens, tables, BLOCK, "cpu")
+    q = torch.randn(len(lens), heads, 64, generator=generator).to(dtype)
+    return q, (k_cache, v_cache), meta
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (8, 2)])
+def test_kernel_matches_the_reference(dtype: torch.dtype, heads: int, kv_heads: int) -> None:
+    assert kernels.library() is not None, "gcc could not build the kernel on this machine"
+    q, cache, meta = _case(dtype, heads, kv_heads, [1, 15, 16, 17, 100, 200])
+    scale = 64**-0.5
+    out = kernels.paged_decode_attention(q, *cache, meta.decode_block_tables, meta.decode_context_lens, scale)
+    expected = decode_reference(q, cache, meta, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def test_kernel_reads_only_each_rows_context() -> None:
+    """Slots past a row's length (and padding entries of its table) must not change its output."""
+    q, (k_cache, v_cache), meta = _case(torch.float32, 4, 4, [5, 40])
+    scale = 0.125
+    before = kernels.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
+                                            meta.decode_context_lens, scale)
+    first_block = int(meta.decode_block_tables[0, 0])
+    k_cache[first_block, 5:] = float("nan")  # row 0 has 5 tokens: slots 5.. of its block are unused
+    v_cache[first_block, 5:] = float("nan")
+    after = kernels.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
+                                           meta.decode_context_lens, scale)
+    torch.testing.assert_close(after, before)
+
+
+@pytest.fixture
+def fresh_library(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """A kernels module that has not tried to build yet, caching into an empty folder."""
+    monkeypatch.setattr(kernels, "_tried", False)
+    monkeypatch.setattr(kernels, "_library", None)
+    monkeypatch.setenv("NAIAD_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_the_library_is_built_into_the_cache_dir(fresh_library) -> None:
+    assert kernels.library() is not None
+    assert list((fresh_library / "kernels").glob("paged_attention-*.so"))
+
+
+def test_no_compiler_means_the_reference(fresh_library, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    assert kernels.library() is None
+    q, _, _ = _case(torch.float32, 4, 4, [3])
+    assert not kernels.supports(q)
+
+
+def test_a_failing_build_means_the_reference(fresh_library, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "false")  # exits 1, as a compiler that rejects the source would
+    assert kernels.library() is None
+    assert not list((fresh_library / "kernels").glob("*.so"))
+
+
+def test_kernels_can_be_turned_off(fresh_library, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NAIAD_LLM_KERNELS", "0")
+    assert kernels.library() is None
