@@ -84,6 +84,12 @@ def test_sampling_parameters(server: ServerProcess, prompt: str) -> None:
     ({"max_tokens": 1_000_000}, "exceeds the model's context length"),
     ({"parameters": {"seed": "x"}}, "'seed' must be an integer"),
     ({"stream": 1}, "'stream' must be true or false"),
+    ({"best_of": 2}, "unknown parameter 'best_of'"),
+    ({"parameters": {"temprature": 0}}, "unknown parameter 'temprature'"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be a number above 0"),
+    ({"logprobs": 21}, "logprobs must be an integer in [0, 20]"),
+    ({"stop": ""}, "'stop' must be a non-empty string"),
+    ({"min_tokens": 30, "max_tokens": 20}, "min_tokens (30) must not exceed max_tokens (20)"),
 ])
 def test_invalid_parameters_are_400(server: ServerProcess, prompt: str, extra: dict[str, Any], message: str) -> None:
     answer = _generate(server, "generate", {"text_input": prompt, **extra})
@@ -144,3 +150,40 @@ def test_a_client_that_leaves_aborts_its_sequence(server: ServerProcess, prompt:
     while _failures(server) == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _failures(server) == before + 1
+
+
+def test_finish_reason_and_token_counts_only_when_asked(server: ServerProcess, prompt: str) -> None:
+    body = {"text_input": prompt, "max_tokens": 3, "temperature": 0}
+    plain = _generate(server, "generate", body).json()
+    assert set(plain) == {"model_name", "model_version", "text_output"}
+    asked = _generate(server, "generate", {**body, "return_finish_reason": True, "return_num_tokens": True}).json()
+    assert asked["text_output"] == plain["text_output"]
+    assert (asked["finish_reason"], asked["completion_tokens"]) == ("length", 3)
+    tokenizer = Tokenizer.from_gguf(GGUFReader(smollm2_path()))
+    assert asked["prompt_tokens"] == len(tokenizer.encode(prompt))
+    whole = _generate(server, "generate", {**body, "max_tokens": 50, "return_finish_reason": True}).json()
+    assert whole["finish_reason"] == "stop" and "Paris" in whole["text_output"]
+
+
+def test_stop_strings_cut_the_text_streamed_or_not(server: ServerProcess, prompt: str) -> None:
+    body = {"text_input": prompt, "max_tokens": 20, "temperature": 0}
+    whole = _generate(server, "generate", body).json()["text_output"]
+    expected = whole[: whole.index("is Par")]
+    stopped = _generate(server, "generate", {**body, "stop": '["xyz", "is Par"]', "return_finish_reason": True})
+    assert stopped.json()["text_output"] == expected
+    assert stopped.json()["finish_reason"] == "stop"
+    events = _events(_generate(server, "generate_stream", {**body, "stream": True, "stop": "is Par"}))
+    assert "".join(event["text_output"] for event in events) == expected
+
+
+def test_streamed_logprobs_cover_every_token(server: ServerProcess, prompt: str) -> None:
+    body = {"text_input": prompt, "max_tokens": 5, "temperature": 0, "stream": True, "logprobs": 2,
+            "return_num_tokens": True, "return_finish_reason": True}
+    events = _events(_generate(server, "generate_stream", body))
+    entries = [entry for event in events for entry in json.loads(event["logprobs"])]
+    assert len(entries) == 5 == events[-1]["completion_tokens"]
+    assert events[-1]["finish_reason"] == "length"
+    assert all(event["finish_reason"] == "" for event in events[:-1])
+    assert "".join(entry["token"] for entry in entries) == "".join(event["text_output"] for event in events)
+    for entry in entries:
+        assert entry["logprob"] <= 0 and len(entry["top"]) == 2 and entry["top"][0]["id"] == entry["id"]
