@@ -9,6 +9,7 @@ import pytest
 
 from naiad.errors import AlreadyExists, InvalidArgument
 from naiad.llm.block_manager import BlockManager
+from naiad.llm.sampling_params import SamplingParams
 from naiad.llm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from naiad.llm.sequence import FinishReason, Sequence, SequenceStatus
 
@@ -304,3 +305,30 @@ def test_the_kv_cache_must_hold_a_whole_context():
         _scheduler(4, 4, max_model_len=17)
     with pytest.raises(ValueError, match="max_num_seqs"):
         SchedulerConfig(max_num_seqs=0)
+
+
+def test_stop_token_ids_stop_even_with_ignore_eos_but_not_before_min_tokens():
+    sched = _scheduler()
+    stop = SamplingParams(stop_token_ids=(9,))
+    a = _add(sched, "a", _prompt(3), max_tokens=10, ignore_eos=True, sampling_params=stop)
+    b = _add(sched, "b", _prompt(3, 10), max_tokens=10, sampling_params=SamplingParams(stop_token_ids=(9,),
+                                                                                       min_tokens=2))
+    assert b.banned_token_ids == (9,) and a.banned_token_ids == ()
+    output = sched.schedule()
+    assert sched.update(output, [9, 9]) == [a]
+    assert a.finish_reason is FinishReason.STOP and b.status is SequenceStatus.RUNNING
+    assert b.banned_token_ids == (9,)  # one output token so far, min_tokens 2
+    output = sched.schedule()
+    assert sched.update(output, [9]) == [b]
+    assert b.output_token_ids == [9, 9] and b.banned_token_ids == ()
+
+
+def test_update_keeps_logprobs_only_for_sequences_that_ask():
+    sched = _scheduler()
+    asking = _add(sched, "asking", _prompt(3), max_tokens=2, sampling_params=SamplingParams(logprobs=1))
+    plain = _add(sched, "plain", _prompt(3, 10), max_tokens=2)
+    for step in range(2):
+        output = sched.schedule()
+        sched.update(output, [5, 6], [(-0.5 - step, [5], [-0.5 - step]), None])
+    assert asking.logprobs == [(-0.5, [5], [-0.5]), (-1.5, [5], [-1.5])]
+    assert plain.logprobs is None
