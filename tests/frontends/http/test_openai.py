@@ -1,0 +1,108 @@
+"""The OpenAI frontend's request parsing and answer shapes, without a server or a model."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from naiad.errors import InvalidArgument
+from naiad.frontends.http.openai import _Call, _Choice, _usage
+
+MODEL = "m"
+
+
+class _Server:
+    def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
+        return [{"name": MODEL}]
+
+    def model_config_message(self, name: str, version: int | None) -> Any:
+        return SimpleNamespace(backend="llm")
+
+
+def _call(chat: bool = True, **body: Any) -> _Call:
+    base: dict[str, Any] = {"model": MODEL}
+    base.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})
+    return _Call.parse(_Server(), {**base, **body}, chat)  # type: ignore[arg-type]
+
+
+def test_settings_become_backend_parameters() -> None:
+    call = _call(stop="\n", n=3, seed=7, presence_penalty=0.5, repetition_penalty=1.2, logprobs=True,
+                 top_logprobs=4, user="someone", max_completion_tokens=9)
+    assert len(call.requests) == 3
+    parameters = call.requests[0].parameters
+    assert json.loads(parameters["stop"]) == ["\n"]
+    assert parameters["presence_penalty"] == 0.5 and parameters["repetition_penalty"] == 1.2
+    assert parameters["logprobs"] == 4 and parameters["max_tokens"] == 9
+    assert parameters["return_finish_reason"] and parameters["return_num_tokens"]
+    assert "user" not in parameters
+    assert [request.parameters["seed"] for request in call.requests] == [7, 8, 9]
+
+
+@pytest.mark.parametrize(("chat", "body", "message"), [
+    (True, {"tools": [{"type": "function"}]}, "'tools'"),
+    (True, {"tool_choice": "required"}, "'tool_choice'"),
+    (True, {"response_format": {"type": "json_schema"}}, "response_format other than text"),
+    (False, {"echo": True}, "'echo'"),
+    (False, {"suffix": "x"}, "'suffix'"),
+    (False, {"best_of": 2}, "'best_of'"),
+    (True, {"logit_bias": {"3": 1}}, "'logit_bias'"),
+    (True, {"frobnicate": 1}, "unknown field 'frobnicate'"),
+    (False, {"top_logprobs": 2}, "unknown field 'top_logprobs'"),  # chat only
+    (True, {"stop": ["a", "b", "c", "d", "e"]}, "up to 4"),
+    (True, {"stop": [""]}, "'stop' must be"),
+    (True, {"n": 129}, "'n' must be"),
+    (False, {"logprobs": 21}, "'logprobs' must be"),
+    (True, {"logprobs": 2}, "'logprobs' must be true or false"),
+    (True, {"stream": True, "stream_options": {"other": 1}}, "only 'include_usage'"),
+])
+def test_unsupported_and_bad_fields_are_refused(chat: bool, body: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        _call(chat, **body)
+    assert message in caught.value.message
+
+
+def test_harmless_values_of_refused_fields_pass() -> None:
+    _call(tools=[], tool_choice="none", response_format={"type": "text"}, logit_bias={}, parallel_tool_calls=True)
+    _call(False, echo=False, suffix=None, best_of=1)
+
+
+ENTRIES = [
+    {"id": 5, "token": "Par", "logprob": -0.25, "bytes": [80, 97, 114],
+     "top": [{"id": 5, "token": "Par", "logprob": -0.25, "bytes": [80, 97, 114]},
+             {"id": 6, "token": "Lon", "logprob": -2.0, "bytes": [76, 111, 110]}]},
+    {"id": 7, "token": "is", "logprob": -3.0, "bytes": [105, 115],
+     "top": [{"id": 8, "token": ".", "logprob": -0.1, "bytes": [46]}]},
+]
+
+
+def test_chat_logprobs_shape() -> None:
+    call = _call(logprobs=True, top_logprobs=1)
+    choice = call.completion([_Choice("Paris", "length", 4, 2, ENTRIES)])["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert [entry["token"] for entry in content] == ["Par", "is"]
+    assert content[1]["top_logprobs"] == [{"token": ".", "logprob": -0.1, "bytes": [46]}]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] == "Paris"
+
+
+def test_completion_logprobs_shape_includes_the_sampled_token_and_offsets() -> None:
+    call = _call(False, logprobs=1)
+    logprobs = call.completion([_Choice("Paris", "stop", 4, 2, ENTRIES)])["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["Par", "is"] and logprobs["token_logprobs"] == [-0.25, -3.0]
+    assert logprobs["top_logprobs"] == [{"Par": -0.25, "Lon": -2.0}, {".": -0.1, "is": -3.0}]
+    assert logprobs["text_offset"] == [0, 3]
+    chunk = call.chunk(0, "is", ENTRIES[1:], 3)
+    assert chunk["choices"][0]["logprobs"]["text_offset"] == [3]
+
+
+def test_usage_counts_the_prompt_once_and_sums_the_completions() -> None:
+    assert _usage([_Choice(prompt_tokens=10, completion_tokens=3), _Choice(prompt_tokens=10, completion_tokens=5)]) \
+        == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}
+
+
+def test_no_logprobs_unless_asked() -> None:
+    body = _call().completion([_Choice("x", "stop", 1, 1, ENTRIES)])
+    assert body["choices"][0]["logprobs"] is None
+    assert "logprobs" not in _call().requests[0].parameters
