@@ -139,7 +139,8 @@ class _Call:
         logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
         text = _messages_json(body.get("messages")) if chat else _prompt(body.get("prompt"))
         parameters = _sampling(body)
-        parameters.update(stream=stream, return_finish_reason=True, return_num_tokens=True)
+        # A stream reports its token counts only in the usage chunk: not asked, not sent.
+        parameters.update(stream=stream, return_finish_reason=True, return_num_tokens=not stream or include_usage)
         if chat:
             parameters["apply_chat_template"] = True
         if logprobs is not None:
