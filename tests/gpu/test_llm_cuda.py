@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from llm.tiny_models import TINY, build_tiny_model, hf_model
+
 from naiad.llm.engine import EngineConfig, LLMEngine
 from naiad.llm.sampling_params import GREEDY, SamplingParams
 
