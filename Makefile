@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 REPO := examples/models
+LLM_REPO := examples/llm
 PORT ?= 8000
 
 .PHONY: install examples serve test lint bench clean
@@ -28,7 +29,7 @@ examples: install
 	$(BIN)/python examples/prepare.py --repo $(REPO)
 
 serve: examples
-	$(BIN)/naiad serve --model-repository $(REPO) --http-port $(PORT)
+	$(BIN)/naiad serve --model-repository $(REPO) --model-repository $(LLM_REPO) --http-port $(PORT)
 
 test: examples lint
 	$(BIN)/pytest -q
