@@ -13,6 +13,7 @@ A batch without these options pays two `is None` checks for them.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -81,13 +82,16 @@ class SamplingBatch:
 
 @dataclass(slots=True)
 class Penalties:
-    """The penalties of a step's rows and the token statistics they apply to."""
+    """The penalties of a step's rows and the tokens they apply to, sparse: each row lists the
+    tokens it has seen (the output's, and the prompt's when its repetition penalty is on) with
+    their output counts, so applying them gathers and scatters a few entries per row."""
 
     repetition: torch.Tensor  # [rows, 1] float32; 1 where off
     presence: torch.Tensor  # [rows, 1] float32
     frequency: torch.Tensor  # [rows, 1] float32
-    seen: torch.Tensor  # [rows, vocab] bool: in the prompt or the output
-    output_counts: torch.Tensor  # [rows, vocab] float32: times generated
+    token_ids: torch.Tensor  # [rows, seen] int64, padded with the row's first token (or 0)
+    output_counts: torch.Tensor  # [rows, seen] float32: times generated
+    valid: torch.Tensor  # [rows, seen] bool: False only for the padding of a row that saw nothing
 
     @classmethod
     def build(
@@ -100,35 +104,41 @@ class Penalties:
         def column(values: list[float]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
 
-        def padded(rows: list[list[int]]) -> torch.Tensor:
-            # Padding goes to an extra column `vocab_size` that is dropped afterwards.
-            width = max(1, max(map(len, rows), default=0))
-            table = [list(row) + [vocab_size] * (width - len(row)) for row in rows]
-            return torch.tensor(table, dtype=torch.int64, device=device)
-
-        rows = list(zip(params, history, strict=True))
-        prompts = [list(prompt) if p.repetition_penalty != 1 else [] for p, (prompt, _) in rows]
-        outputs = [list(output) if p.penalized else [] for p, (_, output) in rows]
-        out_ids = padded(outputs)
-        counts = torch.zeros(len(params), vocab_size + 1, dtype=torch.float32, device=device)
-        counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=torch.float32))
-        counts = counts[:, :vocab_size]
-        in_prompt = torch.zeros(len(params), vocab_size + 1, dtype=torch.bool, device=device)
-        in_prompt.scatter_(1, padded(prompts), True)
+        seen: list[dict[int, int]] = []
+        for p, (prompt, output) in zip(params, history, strict=True):
+            counts: dict[int, int] = {}
+            if p.penalized:
+                if p.repetition_penalty != 1:
+                    counts = dict.fromkeys(prompt, 0)
+                counts.update(Counter(output))
+            seen.append(counts)
+        width = max(1, max(map(len, seen)))
+        ids, counts_table, valid = [], [], []
+        for counts in seen:
+            row_ids, row_counts = list(counts), list(counts.values())
+            pad = width - len(row_ids)
+            # Padding repeats the first entry, whose scatter writes the same value again.
+            ids.append(row_ids + [row_ids[0] if row_ids else 0] * pad)
+            counts_table.append(row_counts + [row_counts[0] if row_counts else 0] * pad)
+            valid.append([True] * len(row_ids) + [bool(row_ids)] * pad)
         return cls(
             repetition=column([p.repetition_penalty for p in params]),
             presence=column([p.presence_penalty for p in params]),
             frequency=column([p.frequency_penalty for p in params]),
-            seen=in_prompt[:, :vocab_size] | (counts > 0),
-            output_counts=counts,
+            token_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+            output_counts=torch.tensor(counts_table, dtype=torch.float32, device=device),
+            valid=torch.tensor(valid, dtype=torch.bool, device=device),
         )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """The penalized logits (a new float32 tensor): repetition, then frequency and presence."""
-        logits = logits.float()
-        repeated = torch.where(logits > 0, logits / self.repetition, logits * self.repetition)
-        logits = torch.where(self.seen, repeated, logits)
-        return logits - self.frequency * self.output_counts - self.presence * (self.output_counts > 0)
+        """The penalized logits (a new float32 tensor): repetition (divides the positive logits,
+        multiplies the negative ones), then frequency and presence."""
+        penalized = logits.float()
+        penalized = penalized.clone() if penalized is logits else penalized
+        values = penalized.gather(1, self.token_ids)
+        changed = torch.where(values > 0, values / self.repetition, values * self.repetition)
+        changed = changed - self.frequency * self.output_counts - self.presence * (self.output_counts > 0)
+        return penalized.scatter_(1, self.token_ids, torch.where(self.valid, changed, values))
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
