@@ -3,6 +3,9 @@ SmolLM2-135M-Instruct chats (its chat template applied by the llm backend), stre
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -202,3 +205,24 @@ def test_penalties_change_a_repetitive_answer(client: openai.OpenAI) -> None:
     presence = client.completions.create(**settings, presence_penalty=2.0).choices[0].text
     for penalized in (frequency, repetition, presence):
         assert penalized.count("-to-many") < 3, penalized
+
+
+def test_a_client_leaving_a_stream_of_two_choices_aborts_both(client: openai.OpenAI) -> None:
+    """Both choices' requests end (failures in the statistics) soon after the client leaves,
+    long before their 1,000 tokens."""
+    stats_url = str(client.base_url).replace("/v1/", f"/v2/models/{MODEL}/stats")
+
+    def failures() -> int:
+        with urllib.request.urlopen(stats_url, timeout=10) as answer:
+            stats = json.loads(answer.read())["model_stats"][0]
+        return int(stats["inference_stats"]["fail"]["count"])
+
+    before = failures()
+    stream = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=1000, n=2, stream=True,
+                                       extra_body={"ignore_eos": True})
+    next(iter(stream))  # generation has begun
+    stream.close()
+    deadline = time.monotonic() + 10
+    while failures() < before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert failures() == before + 2
