@@ -1,0 +1,294 @@
+"""The engine core in its own process: `LLMEngine` stepping in a busy loop, msgspec messages over a pipe.
+
+Why a process: the server's event loop, HTTP parsing, detokenization and response encoding
+hold the GIL; in the same process they stall the step that every running sequence waits
+for. In its own process the core only reads requests between steps and writes one message
+per step with every sequence's new tokens (as vLLM v1's EngineCore).
+
+The loop: when nothing is running it sleeps in `poll` until a message comes; otherwise it
+drains the messages that are waiting (adds, aborts), runs one step and sends its outputs,
+without sleeping. `EngineClient` is the server's end: it starts the core (in a process, or in
+a thread for tests and debugging), sends requests and aborts, and hands every message the
+core sends to a callback on its reader thread. If the core process dies, the callback gets
+`EngineFailed` for every request still open, and the client stops accepting work.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+import msgspec
+
+from naiad.llm.engine import EngineConfig, LLMEngine
+from naiad.llm.sampling_params import SamplingParams
+from naiad.llm.sequence import Sequence, TokenLogprobs
+
+log = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------------------ client → core
+
+
+class AddRequest(msgspec.Struct, tag="add"):
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    sampling_params: SamplingParams
+    ignore_eos: bool = False
+    priority: int = 0
+
+
+class AbortRequests(msgspec.Struct, tag="abort"):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown"):
+    pass
+
+
+ClientMessage = AddRequest | AbortRequests | Shutdown
+
+# ------------------------------------------------------------------------------ core → client
+
+
+class EngineInfo(msgspec.Struct, tag="ready"):
+    """The first message of a core that started: what request validation needs."""
+
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+
+
+class RequestOutput(msgspec.Struct, array_like=True):
+    """A request's tokens since its last output; `finish_reason` set on its last one."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs] | None
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+
+class StepOutputs(msgspec.Struct, tag="step"):
+    outputs: list[RequestOutput]
+
+
+class RequestRejected(msgspec.Struct, tag="rejected"):
+    """The engine refused a request (a token outside the vocabulary, a duplicate id...)."""
+
+    request_id: str
+    message: str
+
+
+class EngineFailed(msgspec.Struct, tag="failed"):
+    """A step failed (its requests are aborted), the core could not start, or it died."""
+
+    message: str
+    request_ids: list[str]
+
+
+CoreMessage = EngineInfo | StepOutputs | RequestRejected | EngineFailed
+
+_client_decoder = msgspec.msgpack.Decoder(ClientMessage)
+_core_decoder = msgspec.msgpack.Decoder(CoreMessage)
+_encoder = msgspec.msgpack.Encoder()
+
+
+# --------------------------------------------------------------------------------- the core
+
+
+def run_core(config: EngineConfig, conn: Connection) -> None:
+    """The core's entry point (a process's target, or a thread's): build the engine, then loop."""
+    try:
+        try:
+            engine = LLMEngine(config)
+        except Exception as error:  # reported to the client, which fails the model's load
+            log.exception("the LLM engine could not start")
+            conn.send_bytes(_encoder.encode(EngineFailed(f"the engine could not start: {error}", [])))
+            return
+        info = EngineInfo(engine.max_model_len, engine.runner.args.vocab_size, engine.runner.num_blocks)
+        conn.send_bytes(_encoder.encode(info))
+        EngineCore(engine, conn).run()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the client went away: nothing left to serve
+    finally:
+        conn.close()  # in a thread, this is what ends the client's reader
+
+
+class EngineCore:
+    """The busy loop around one engine; see the module's docstring."""
+
+    def __init__(self, engine: LLMEngine, conn: Connection) -> None:
+        self.engine = engine
+        self.conn = conn
+        self._active: dict[str, Sequence] = {}
+        self._sent: dict[str, int] = {}  # output tokens already sent, by request id
+
+    def run(self) -> None:
+        while True:
+            if not self._active:
+                self.conn.poll(None)  # idle: sleep until the client writes
+            while self.conn.poll(0):
+                if not self._handle(_client_decoder.decode(self.conn.recv_bytes())):
+                    return
+            if self._active:
+                self.conn.send_bytes(_encoder.encode(self._step()))
+
+    def _handle(self, message: ClientMessage) -> bool:
+        if isinstance(message, AddRequest):
+            self._add(message)
+        elif isinstance(message, AbortRequests):
+            for request_id in message.request_ids:
+                if self._active.pop(request_id, None) is not None:
+                    self.engine.abort_request(request_id)
+                    del self._sent[request_id]
+        else:
+            return False
+        return True
+
+    def _add(self, request: AddRequest) -> None:
+        try:
+            self.engine.add_request(
+                request.prompt_token_ids, request.max_tokens, sampling_params=request.sampling_params,
+                request_id=request.request_id, ignore_eos=request.ignore_eos, priority=request.priority,
+            )
+        except Exception as error:
+            self.conn.send_bytes(_encoder.encode(RequestRejected(request.request_id, str(error))))
+            return
+        seq = self.engine.scheduler.get(request.request_id)
+        assert seq is not None
+        self._active[request.request_id] = seq
+        self._sent[request.request_id] = 0
+
+    def _step(self) -> StepOutputs | EngineFailed:
+        try:
+            self.engine.step()
+        except Exception as error:  # its requests cannot go on; the engine can serve new ones
+            log.exception("an LLM engine step failed")
+            failed = list(self._active)
+            for request_id in failed:
+                self.engine.abort_request(request_id)
+            self._active.clear()
+            self._sent.clear()
+            return EngineFailed(f"the engine failed: {error}", failed)
+        outputs = []
+        for request_id, seq in list(self._active.items()):
+            sent, total = self._sent[request_id], seq.num_output_tokens
+            if total == sent and not seq.is_finished:
+                continue  # a prefill chunk with more to come, or preempted
+            logprobs = None if seq.logprobs is None else seq.logprobs[sent:]
+            reason = str(seq.finish_reason) if seq.is_finished and seq.finish_reason is not None else None
+            outputs.append(RequestOutput(request_id, seq.output_token_ids[sent:], logprobs, reason,
+                                         seq.num_prompt_tokens, seq.num_cached_tokens))
+            self._sent[request_id] = total
+            if seq.is_finished:
+                del self._active[request_id], self._sent[request_id]
+        return StepOutputs(outputs)
+
+
+# ------------------------------------------------------------------------------- the client
+
+
+class EngineClient:
+    """The server's end of one engine core.
+
+    `on_message` runs on the client's reader thread for every `StepOutputs`, `RequestRejected`
+    and `EngineFailed`; it must not block for long, as the core's next outputs wait behind it.
+    `in_process` runs the core on a thread of this process instead (same loop, same pipe).
+    """
+
+    def __init__(
+        self, config: EngineConfig, on_message: Callable[[CoreMessage], None], *, in_process: bool = False,
+        name: str = "llm",
+    ) -> None:
+        self._on_message = on_message
+        self._conn, core_end = multiprocessing.Pipe(duplex=True)
+        self._send_lock = threading.Lock()
+        self._open: set[str] = set()  # request ids sent and not yet finished, rejected or aborted
+        self._open_lock = threading.Lock()
+        self.alive = True
+        if in_process:
+            self._core: threading.Thread | multiprocessing.process.BaseProcess = threading.Thread(
+                target=run_core, args=(config, core_end), name=f"{name}-core", daemon=True)
+        else:
+            # spawn, not fork: the server has threads (and maybe CUDA) that a fork would copy broken.
+            self._core = multiprocessing.get_context("spawn").Process(
+                target=run_core, args=(config, core_end), name=f"{name}-core", daemon=True)
+        self._core.start()
+        if not in_process:
+            core_end.close()  # the child has its own copy; ours would keep the pipe open after it dies
+        first = self._receive()
+        if not isinstance(first, EngineInfo):
+            self.close()
+            message = first.message if isinstance(first, EngineFailed) else "the engine core did not start"
+            raise RuntimeError(message)
+        self.info = first
+        self._reader = threading.Thread(target=self._read, name=f"{name}-outputs", daemon=True)
+        self._reader.start()
+
+    def _receive(self) -> CoreMessage | None:
+        try:
+            return _core_decoder.decode(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            return None
+
+    def add(self, request: AddRequest) -> None:
+        with self._open_lock:
+            if not self.alive:
+                raise RuntimeError("the engine core is not running")
+            self._open.add(request.request_id)
+        self._send(request)
+
+    def abort(self, request_ids: list[str]) -> None:
+        with self._open_lock:
+            self._open.difference_update(request_ids)
+        self._send(AbortRequests(request_ids))
+
+    def _send(self, message: ClientMessage) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send_bytes(_encoder.encode(message))
+        except OSError:
+            pass  # the core is gone: the reader reports it
+
+    def _read(self) -> None:
+        while True:
+            message = self._receive()
+            if message is None:
+                break
+            self._forget_closed(message)
+            self._on_message(message)
+        with self._open_lock:
+            was_alive, self.alive = self.alive, False
+            orphans, self._open = sorted(self._open), set()
+        if was_alive:
+            log.error("the LLM engine core exited; %d request(s) fail", len(orphans))
+            self._on_message(EngineFailed("the engine process exited", orphans))
+
+    def _forget_closed(self, message: CoreMessage) -> None:
+        with self._open_lock:
+            if isinstance(message, StepOutputs):
+                self._open.difference_update(o.request_id for o in message.outputs if o.finish_reason is not None)
+            elif isinstance(message, RequestRejected):
+                self._open.discard(message.request_id)
+            elif isinstance(message, EngineFailed):
+                self._open.difference_update(message.request_ids)
+
+    def is_alive(self) -> bool:
+        return self.alive and self._core.is_alive()
+
+    def close(self, timeout: float = 30) -> None:
+        """Stop the core (its open requests are dropped) and wait for it."""
+        with self._open_lock:
+            self.alive = False
+            self._open.clear()
+        self._send(Shutdown())
+        self._core.join(timeout)
+        if isinstance(self._core, multiprocessing.process.BaseProcess) and self._core.is_alive():
+            self._core.kill()
+            self._core.join(5)
+        self._conn.close()

@@ -1,0 +1,182 @@
+"""The engine core behind its pipe: in a thread and in its own process, the same tokens as the
+in-process engine; aborts, rejections, a failing step and a dying process reach the client."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+from pathlib import Path
+
+import pytest
+
+from naiad.llm import engine_core
+from naiad.llm.engine import EngineConfig, LLMEngine
+from naiad.llm.engine_core import (
+    AddRequest,
+    CoreMessage,
+    EngineClient,
+    EngineFailed,
+    RequestOutput,
+    RequestRejected,
+    StepOutputs,
+)
+from naiad.llm.sampling_params import GREEDY, SamplingParams
+
+PROMPTS = [[5, 9, 2, 7, 1, 8], [3, 3, 4], list(range(3, 40))]
+
+
+def _config(path: Path) -> EngineConfig:
+    return EngineConfig(model=path, dtype="float32", block_size=4, kv_cache_memory=4 << 20, max_model_len=96,
+                        max_num_batched_tokens=16)
+
+
+class Collector:
+    """The client's callback: every message, in order, on a queue."""
+
+    def __init__(self) -> None:
+        self.messages: queue.Queue[CoreMessage] = queue.Queue()
+
+    def __call__(self, message: CoreMessage) -> None:
+        self.messages.put(message)
+
+    def until_finished(self, request_ids: set[str], timeout: float = 60) -> dict[str, list[RequestOutput]]:
+        """Every output of `request_ids`, collected until each has finished."""
+        outputs: dict[str, list[RequestOutput]] = {request_id: [] for request_id in request_ids}
+        open_ids = set(request_ids)
+        while open_ids:
+            message = self.messages.get(timeout=timeout)
+            assert isinstance(message, StepOutputs), message
+            for output in message.outputs:
+                outputs[output.request_id].append(output)
+                if output.finish_reason is not None:
+                    open_ids.discard(output.request_id)
+        return outputs
+
+
+@pytest.fixture(params=[True, False], ids=["thread", "process"])
+def in_process(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+def test_the_core_streams_the_engines_tokens(tiny_models: dict[str, Path], in_process: bool) -> None:
+    expected = LLMEngine(_config(tiny_models["llama"])).generate(PROMPTS, max_tokens=9, sampling_params=GREEDY)
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=in_process)
+    try:
+        assert client.info.max_model_len == 96 and client.info.vocab_size == 128
+        for i, prompt in enumerate(PROMPTS):
+            client.add(AddRequest(f"r{i}", prompt, 9, GREEDY))
+        outputs = collector.until_finished({"r0", "r1", "r2"})
+        for i, prompt in enumerate(PROMPTS):
+            pieces = outputs[f"r{i}"]
+            assert [t for piece in pieces for t in piece.new_token_ids] == expected[i]
+            assert len(pieces) > 1  # streamed step by step, not in one piece at the end
+            assert pieces[-1].finish_reason == "length"
+            assert all(piece.finish_reason is None for piece in pieces[:-1])
+            assert pieces[-1].num_prompt_tokens == len(prompt)
+    finally:
+        client.close()
+    assert not client.is_alive()
+
+
+def test_logprobs_cross_the_pipe(tiny_models: dict[str, Path]) -> None:
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=True)
+    try:
+        client.add(AddRequest("lp", PROMPTS[0], 4, SamplingParams(temperature=0, logprobs=2)))
+        pieces = collector.until_finished({"lp"})["lp"]
+        logprobs = [entry for piece in pieces for entry in piece.new_logprobs or []]
+        assert len(logprobs) == 4
+        for own, top_ids, top_values in logprobs:
+            assert own <= 0 and len(top_ids) == len(top_values) == 2
+    finally:
+        client.close()
+
+
+def test_an_aborted_request_sends_nothing_more(tiny_models: dict[str, Path]) -> None:
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=True)
+    try:
+        client.add(AddRequest("long", PROMPTS[2], 50, GREEDY))
+        client.abort(["long"])
+        client.add(AddRequest("short", PROMPTS[1], 3, GREEDY))
+        outputs = collector.until_finished({"short"})
+        assert sum(len(piece.new_token_ids) for piece in outputs["short"]) == 3
+        while not collector.messages.empty():
+            message = collector.messages.get()
+            assert not (isinstance(message, StepOutputs) and any(o.request_id == "long" for o in message.outputs
+                                                                 if o.finish_reason is not None))
+    finally:
+        client.close()
+
+
+def test_a_request_the_engine_refuses_is_rejected_and_others_go_on(tiny_models: dict[str, Path]) -> None:
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=True)
+    try:
+        client.add(AddRequest("bad", [1, 2, 999], 3, GREEDY))  # 999 is outside the 128-token vocabulary
+        rejected = collector.messages.get(timeout=30)
+        assert isinstance(rejected, RequestRejected) and rejected.request_id == "bad"
+        assert "vocabulary" in rejected.message
+        client.add(AddRequest("good", PROMPTS[0], 2, GREEDY))
+        assert collector.until_finished({"good"})["good"][-1].finish_reason == "length"
+    finally:
+        client.close()
+
+
+def test_a_failing_step_fails_its_requests_and_the_core_serves_on(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = LLMEngine.step
+    calls = {"n": 0}
+
+    def flaky_step(self: LLMEngine) -> list:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("out of luck")
+        return original(self)
+
+    monkeypatch.setattr(LLMEngine, "step", flaky_step)
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=True)
+    try:
+        client.add(AddRequest("a", PROMPTS[0], 20, GREEDY))
+        message = collector.messages.get(timeout=30)
+        while isinstance(message, StepOutputs):
+            message = collector.messages.get(timeout=30)
+        assert isinstance(message, EngineFailed) and message.request_ids == ["a"]
+        assert "out of luck" in message.message
+        client.add(AddRequest("b", PROMPTS[1], 2, GREEDY))
+        assert collector.until_finished({"b"})["b"][-1].finish_reason == "length"
+    finally:
+        client.close()
+
+
+def test_a_dead_core_process_fails_the_open_requests(tiny_models: dict[str, Path]) -> None:
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector)
+    try:
+        client.add(AddRequest("a", PROMPTS[2], 80, GREEDY))
+        first = collector.messages.get(timeout=30)
+        assert isinstance(first, StepOutputs)
+        os.kill(client._core.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        message = first
+        while not isinstance(message, EngineFailed):
+            message = collector.messages.get(timeout=30)
+        assert message.request_ids == ["a"] and "exited" in message.message
+        assert not client.is_alive()
+        with pytest.raises(RuntimeError, match="not running"):
+            client.add(AddRequest("b", PROMPTS[0], 2, GREEDY))
+    finally:
+        client.close()
+
+
+def test_a_core_that_cannot_start_raises_its_reason(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="could not start"):
+        EngineClient(EngineConfig(model=tmp_path / "missing"), Collector(), in_process=True)
+
+
+def test_messages_decode_to_their_types() -> None:
+    add = AddRequest("x", [1, 2], 3, SamplingParams(temperature=0.5, stop_token_ids=(7,)))
+    assert engine_core._client_decoder.decode(engine_core._encoder.encode(add)) == add
