@@ -7,8 +7,8 @@ from pathlib import Path
 
 import openai
 import pytest
-
 from conftest import EXAMPLES, ServerProcess, running_server
+
 from e2e.llm_server import MODEL, QUESTION, wait_model_ready
 
 

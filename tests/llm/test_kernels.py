@@ -41,6 +41,17 @@ def test_kernel_matches_the_reference(dtype: torch.dtype, heads: int, kv_heads: 
     torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("window", [1, 7, 16, 500])
+def test_kernel_matches_the_reference_with_a_sliding_window(window: int) -> None:
+    q, cache, meta = _case(torch.float32, 8, 2, [1, 6, 7, 40, 200])
+    out = kernels.paged_decode_attention(q, *cache, meta.decode_block_tables, meta.decode_context_lens, 0.125, window)
+    expected = decode_reference(q, cache, meta, 0.125, window)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    if window < 200:  # the window changes the longest row's answer
+        full = decode_reference(q, cache, meta, 0.125)
+        assert not torch.allclose(out[-1], full[-1], atol=1e-3)
+
+
 def test_kernel_reads_only_each_rows_context() -> None:
     """Slots past a row's length (and padding entries of its table) must not change its output."""
     q, (k_cache, v_cache), meta = _case(torch.float32, 4, 4, [5, 40])

@@ -9,14 +9,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from llm.tiny_models import hf_model
+from llm.tiny_models import hf_greedy, hf_model
 from naiad.llm.attention import AttentionMetadata, allocate_kv_caches
+from naiad.llm.engine import EngineConfig, LLMEngine
 from naiad.llm.loader import load_model
 from naiad.llm.models.llama import LlamaArgs, LlamaForCausalLM
+from naiad.llm.sampling_params import GREEDY
 
 BLOCK = 4
 PROMPT = [1, 17, 99, 4, 56, 23, 23, 8, 120, 64, 3]
-VARIANTS = ["llama", "qwen2", "qwen3", "llama3-rope"]
+VARIANTS = ["llama", "qwen2", "qwen3", "llama3-rope", "mistral-window"]
 
 
 class Runner:
@@ -118,7 +120,8 @@ def test_unsupported_configs_are_refused() -> None:
     with pytest.raises(ValueError, match="yarn"):
         LlamaArgs.from_hf_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     mistral = LlamaArgs.from_hf_config({**base, "model_type": "mistral", "sliding_window": 64})
-    assert mistral.max_model_len == 64 and mistral.num_kv_heads == 4 and mistral.head_dim == 16
+    assert mistral.sliding_window == 64 and mistral.max_model_len == 2048  # the window does not cap the context
+    assert mistral.num_kv_heads == 4 and mistral.head_dim == 16
 
 
 def test_config_dtype_is_the_default(tiny_models: dict[str, Path], tmp_path: Path) -> None:
@@ -128,3 +131,14 @@ def test_config_dtype_is_the_default(tiny_models: dict[str, Path], tmp_path: Pat
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").symlink_to(source / "model.safetensors")
     assert load_model(tmp_path).lm_head.weight.dtype == torch.bfloat16
+
+
+def test_a_sliding_window_model_generates_what_transformers_does(tiny_models: dict[str, Path]) -> None:
+    """Prompts and outputs well past the 6-token window, the longer prompt in chunks."""
+    path = tiny_models["mistral-window"]
+    reference = hf_model(path)
+    engine = LLMEngine(EngineConfig(model=path, dtype="float32", block_size=4, kv_cache_memory=4 << 20,
+                                    max_num_batched_tokens=8, max_model_len=64))
+    prompts = [PROMPT, PROMPT[:4], PROMPT[3:] * 2]
+    outputs = engine.generate(prompts, max_tokens=15, sampling_params=GREEDY)
+    assert outputs == [hf_greedy(reference, prompt, 15) for prompt in prompts]

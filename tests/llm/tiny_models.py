@@ -23,11 +23,12 @@ TINY = {
 }
 
 # The variants the engine reads differently: tied embeddings (SmolLM2), q/k/v biases (Qwen2),
-# q/k norms (Qwen3), Llama 3 rope scaling.
+# q/k norms (Qwen3), Llama 3 rope scaling, a sliding window shorter than the prompts (Mistral).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {"tie_word_embeddings": True, "rope_theta": 10000.0}),
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": False, "rope_theta": 1000000.0}),
     "qwen3": ("Qwen3Config", {"tie_word_embeddings": True, "head_dim": 32}),
+    "mistral-window": ("MistralConfig", {"sliding_window": 6, "tie_word_embeddings": False}),
     "llama3-rope": (
         "LlamaConfig",
         {

@@ -131,52 +131,74 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, cache: KVCache, slot_mapping: tor
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: KVCache,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over their sequences' cached context.
 
     `q` is `[tokens, heads, head_dim]`, `k` and `v` are `[tokens, kv_heads, head_dim]` for the
     flattened batch; `heads` is a multiple of `kv_heads` (grouped-query attention). Returns
-    `[tokens, heads, head_dim]`.
+    `[tokens, heads, head_dim]`. With a `sliding_window` W (Mistral), the token at position p
+    sees only positions p - W + 1 ... p.
     """
     write_kv(k, v, cache, meta.slot_mapping)
     if not meta.prefills:  # decode rows only: no scatter into a separate output
-        return _decode(q, cache, meta, scale)
+        return _decode(q, cache, meta, scale, sliding_window)
     out = torch.empty_like(q)
     if len(meta.decode_tokens):
-        out[meta.decode_tokens] = _decode(q[meta.decode_tokens], cache, meta, scale)
+        out[meta.decode_tokens] = _decode(q[meta.decode_tokens], cache, meta, scale, sliding_window)
     for row in meta.prefills:
         rows = slice(row.start, row.start + row.query_len)
-        out[rows] = _prefill(q[rows], cache, row, scale)
+        out[rows] = _prefill(q[rows], cache, row, scale, sliding_window)
     return out
 
 
-def _decode(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """One query per row against its whole context."""
+def _decode(
+    q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float, sliding_window: int | None
+) -> torch.Tensor:
+    """One query per row against its context."""
     if kernels.supports(q):
-        return kernels.paged_decode_attention(q, *cache, meta.decode_block_tables, meta.decode_context_lens, scale)
-    return decode_reference(q, cache, meta, scale)
+        return kernels.paged_decode_attention(
+            q, *cache, meta.decode_block_tables, meta.decode_context_lens, scale, sliding_window
+        )
+    return decode_reference(q, cache, meta, scale, sliding_window)
 
 
-def decode_reference(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def decode_reference(
+    q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float, sliding_window: int | None = None
+) -> torch.Tensor:
     """The torch decode: all rows in one padded call over their gathered context."""
     keys, values = (_gather(c, meta.decode_block_tables) for c in cache)  # [rows, ctx, kv_heads, d]
     positions = torch.arange(keys.shape[1], device=q.device)
-    mask = positions[None, :] < meta.decode_context_lens[:, None]  # padding past each context
+    lens = meta.decode_context_lens[:, None]
+    mask = positions[None, :] < lens  # padding past each context
+    if sliding_window is not None:
+        mask &= positions[None, :] >= lens - sliding_window  # the query sits at position len - 1
     out = _sdpa(q[:, :, None], keys, values, mask[:, None, None, :], scale)  # [rows, heads, 1, d]
     return out[:, :, 0]
 
 
-def _prefill(q: torch.Tensor, cache: KVCache, row: PrefillRow, scale: float) -> torch.Tensor:
+def _prefill(
+    q: torch.Tensor, cache: KVCache, row: PrefillRow, scale: float, sliding_window: int | None
+) -> torch.Tensor:
     """A chunk of queries, the last ones of its context: each sees the context up to itself."""
     keys, values = (_gather(c, row.block_ids[None])[:, : row.context_len] for c in cache)
     queries = q.transpose(0, 1)[None]  # [1, heads, query_len, d]
-    if row.query_len == row.context_len:
+    windowed = sliding_window is not None and row.context_len > sliding_window
+    if row.query_len == row.context_len and not windowed:
         return _sdpa(queries, keys, values, None, scale)[0].transpose(0, 1)
     # Query i is at position past + i, past being the tokens before this chunk.
     past = row.context_len - row.query_len
     query_pos = torch.arange(row.query_len, device=q.device)[:, None] + past
-    mask = torch.arange(row.context_len, device=q.device)[None, :] <= query_pos
+    key_pos = torch.arange(row.context_len, device=q.device)[None, :]
+    mask = key_pos <= query_pos
+    if windowed:
+        mask &= key_pos > query_pos - sliding_window
     return _sdpa(queries, keys, values, mask[None, None], scale)[0].transpose(0, 1)
 
 

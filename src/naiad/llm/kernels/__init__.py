@@ -86,7 +86,7 @@ def library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(path))
         function = lib.paged_decode_attention
         function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 6, *[ctypes.c_int64] * 6, ctypes.c_float]
+        function.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 6, *[ctypes.c_int64] * 7, ctypes.c_float]
         _library = lib
         return _library
 
@@ -102,6 +102,7 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """`q` `[rows, heads, d]`, one query per row, over the paged cache; see paged_attention.c.
 
@@ -120,7 +121,7 @@ def paged_decode_attention(
     status = lib.paged_decode_attention(
         _DTYPES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         out.data_ptr(), rows, heads, kv_heads, head_dim, block_size, tables.shape[1] if tables.dim() == 2 else 0,
-        scale,
+        sliding_window or 0, scale,
     )
     if status != 0:
         raise MemoryError("the attention kernel could not allocate its scratch memory")

@@ -11,6 +11,8 @@
  *   block_tables  [rows, max_blocks] int64 (entries past a row's context are not read)
  *   context_lens  [rows] int64
  * heads is a multiple of kv_heads (grouped-query attention: head h reads kv head h / group).
+ * window > 0 is a sliding window (Mistral): the query, at position ctx - 1, sees only the last
+ * `window` tokens, itself included; 0 is full attention.
  *
  * Built by naiad/llm/kernels/__init__.py with `gcc -O3 -march=native -ffast-math` and called
  * through ctypes; see there for why a plain C library rather than a torch extension.
@@ -96,7 +98,7 @@ static inline void axpy(int dtype, float w, const void *v, float *acc, int64_t d
 int paged_decode_attention(int dtype, const void *q, const void *k_cache, const void *v_cache,
                            const int64_t *block_tables, const int64_t *context_lens, void *out,
                            int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                           int64_t block_size, int64_t max_blocks, float scale) {
+                           int64_t block_size, int64_t max_blocks, int64_t window, float scale) {
     const int64_t elem = dtype == DTYPE_F32 ? 4 : 2;
     const int64_t group = heads / kv_heads;
     const int64_t token_stride = kv_heads * head_dim; /* elements between slots of the cache */
@@ -112,25 +114,26 @@ int paged_decode_attention(int dtype, const void *q, const void *k_cache, const 
     const char *kc = (const char *)k_cache, *vc = (const char *)v_cache;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t ctx = context_lens[r];
+        const int64_t first = window > 0 && ctx > window ? ctx - window : 0;
         const int64_t *table = block_tables + r * max_blocks;
         for (int64_t h = 0; h < heads; h++) {
             const int64_t kvh = h / group;
             load_f32(dtype, (const char *)q + ((r * heads + h) * head_dim) * elem, qf, head_dim);
             for (int64_t i = 0; i < head_dim; i++) qf[i] *= scale;
             float max_score = -INFINITY;
-            for (int64_t p = 0; p < ctx; p++) {
+            for (int64_t p = first; p < ctx; p++) {
                 const int64_t slot = table[p / block_size] * block_size + p % block_size;
                 const float s = dot(dtype, qf, kc + (slot * token_stride + kvh * head_dim) * elem, head_dim);
                 scores[p] = s;
                 max_score = s > max_score ? s : max_score;
             }
             float total = 0.0f;
-            for (int64_t p = 0; p < ctx; p++) {
+            for (int64_t p = first; p < ctx; p++) {
                 scores[p] = expf(scores[p] - max_score);
                 total += scores[p];
             }
             memset(acc, 0, (size_t)head_dim * sizeof(float));
-            for (int64_t p = 0; p < ctx; p++) {
+            for (int64_t p = first; p < ctx; p++) {
                 const int64_t slot = table[p / block_size] * block_size + p % block_size;
                 axpy(dtype, scores[p], vc + (slot * token_stride + kvh * head_dim) * elem, acc, head_dim);
             }

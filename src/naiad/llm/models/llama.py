@@ -96,12 +96,7 @@ class LlamaArgs:
 
     @property
     def max_model_len(self) -> int:
-        """The longest context this model computes exactly.
-
-        Sliding-window attention is not implemented; within the window it is full attention.
-        """
-        if self.sliding_window is not None:
-            return min(self.max_position_embeddings, self.sliding_window)
+        """The longest context this model computes exactly (a sliding window does not shorten it)."""
         return self.max_position_embeddings
 
 
@@ -200,6 +195,7 @@ class Attention(nn.Module):
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
         self.scale = args.head_dim**-0.5
+        self.sliding_window = args.sliding_window
         self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
         if args.qk_norm:
@@ -217,7 +213,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        out = paged_attention(q, k, v, cache, meta, self.scale)
+        out = paged_attention(q, k, v, cache, meta, self.scale, self.sliding_window)
         return self.o_proj(out.flatten(1))
 
 
