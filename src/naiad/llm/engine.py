@@ -23,7 +23,9 @@ from naiad.llm.sequence import Sequence
 class EngineConfig:
     """Everything the engine is built from.
 
-    `kv_cache_memory` is the KV cache's size in bytes; `max_model_len` None is the model's
+    `kv_cache_memory` is the KV cache's size in bytes; without it the cache takes
+    `kv_cache_fraction` of the memory free once the model is loaded (on a GPU, its free memory,
+    0.9 by default; on the CPU, the host's available memory, 0.1 by default). `max_model_len` None is the model's
     context length, capped by what the KV cache holds.
     """
 
@@ -31,14 +33,17 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "cpu"
     block_size: int = 16
-    kv_cache_memory: int = 512 << 20
+    kv_cache_memory: int | None = None
+    kv_cache_fraction: float | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
 
     def runner_config(self) -> RunnerConfig:
-        return RunnerConfig(self.model, self.dtype, self.device, self.block_size, self.kv_cache_memory)
+        return RunnerConfig(
+            self.model, self.dtype, self.device, self.block_size, self.kv_cache_memory, self.kv_cache_fraction
+        )
 
 
 class LLMEngine:

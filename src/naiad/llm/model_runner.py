@@ -8,6 +8,7 @@ state besides the generators of seeded requests.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,13 +28,15 @@ NO_TOKEN = -1
 
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
-    """The model to load and the memory its KV cache may take (`kv_cache_memory`, in bytes)."""
+    """The model to load and the memory its KV cache may take: `kv_cache_memory` bytes, else
+    `kv_cache_fraction` of the free memory (see `kv_cache_budget`)."""
 
     model: str | Path
     dtype: str = "auto"
     device: str = "cpu"
     block_size: int = 16
-    kv_cache_memory: int = 512 << 20
+    kv_cache_memory: int | None = None
+    kv_cache_fraction: float | None = None
 
 
 @dataclass(slots=True)
@@ -44,6 +47,36 @@ class StepInputs:
     positions: torch.Tensor  # [tokens]
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [sampling rows]: the last token of each row that samples
+
+
+#: The share of free memory the KV cache takes by default: a GPU is the engine's own; the
+#: host's memory is shared with the server and everything else on the machine.
+DEFAULT_KV_FRACTION = {"cuda": 0.9, "cpu": 0.1}
+
+
+def kv_cache_budget(config: RunnerConfig, device: torch.device) -> int:
+    """The KV cache's bytes: `kv_cache_memory`, else a fraction of the memory free now (after the
+    model was loaded, so the weights are not counted twice)."""
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory
+    fraction = config.kv_cache_fraction
+    if fraction is None:
+        fraction = DEFAULT_KV_FRACTION.get(device.type, 0.1)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"kv_cache_fraction must be in (0, 1], got {fraction}")
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_host_memory()
+    return int(free * fraction)
+
+
+def available_host_memory() -> int:
+    """MemAvailable from /proc/meminfo (what can be had without swapping), else physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class ModelRunner:
@@ -58,8 +91,9 @@ class ModelRunner:
         if can_prepack(self.dtype, self.device):
             prepack_linears(self.model)
         self.block_size = config.block_size
+        self.kv_cache_memory = kv_cache_budget(config, self.device)
         self.num_blocks = num_blocks_for(
-            config.kv_cache_memory,
+            self.kv_cache_memory,
             config.block_size,
             self.args.num_layers,
             self.args.num_kv_heads,
@@ -67,7 +101,7 @@ class ModelRunner:
             self.dtype.itemsize,
         )
         if self.num_blocks < 1:
-            raise ValueError(f"kv_cache_memory ({config.kv_cache_memory} bytes) does not hold one KV block")
+            raise ValueError(f"the KV cache's {self.kv_cache_memory} bytes do not hold one KV block")
         self.kv_caches = allocate_kv_caches(
             self.args.num_layers,
             self.num_blocks,
