@@ -120,3 +120,24 @@ def test_seeded_sampling_on_cuda_is_reproducible_in_any_batch(models: dict[str, 
     for prompt, _, _ in REQUESTS:
         engine.add_request(prompt, 8, sampling_params=SamplingParams(temperature=0.8))
     assert engine.generate([PREFIX], max_tokens=10, sampling_params=seeded)[0] == alone
+
+
+def test_decode_steps_replay_cuda_graphs_with_the_same_tokens(models: dict[str, Path]) -> None:
+    graphed = _engine(models["qwen2"], max_num_seqs=8)
+    assert graphed.runner.graphs is not None and graphed.runner.graphs.sizes == [1, 2, 4, 8]
+    replays = 0
+    original = graphed.runner.graphs.run
+
+    def counting_run(*args: object) -> torch.Tensor:
+        nonlocal replays
+        replays += 1
+        return original(*args)  # type: ignore[arg-type]
+
+    graphed.runner.graphs.run = counting_run  # type: ignore[method-assign]
+    eager = _engine(models["qwen2"], enforce_eager=True)
+    assert eager.runner.graphs is None
+    # More requests than the largest graph at once: those steps run eagerly, the rest replay.
+    prompts = [prompt for prompt, _, _ in REQUESTS] * 2
+    expected = eager.generate(prompts, max_tokens=10, sampling_params=GREEDY)
+    assert graphed.generate(prompts, max_tokens=10, sampling_params=GREEDY) == expected
+    assert replays > 0

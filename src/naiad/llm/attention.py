@@ -15,9 +15,10 @@ tokens, and a decode step.
 
 Decode rows (one new token) are batched into one padded attention call; each prefill row runs
 on its own, since padding a long chunk's queries across the batch would cost
-`rows x chunk x context` scores. On the CPU, decode rows go to a C kernel
-(`naiad.llm.kernels`) that reads the cache through the block tables directly; the torch
-reference below stays for other devices, for prefill, and to check the kernel against.
+`rows x chunk x context` scores. Decode rows go to a kernel that reads the cache through the
+block tables directly: C on the CPU (`naiad.llm.kernels`), Triton on CUDA
+(`kernels.triton_attention`); the torch reference below stays for prefill, for devices with
+neither, and to check the kernels against.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from naiad.llm import kernels
+from naiad.llm.kernels import triton_attention
 
 #: One layer's cache: (keys, values), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -164,6 +166,10 @@ def _decode(
     """One query per row against its context."""
     if kernels.supports(q):
         return kernels.paged_decode_attention(
+            q, *cache, meta.decode_block_tables, meta.decode_context_lens, scale, sliding_window
+        )
+    if triton_attention.supports(q, cache[0].shape[1]):
+        return triton_attention.paged_decode_attention(
             q, *cache, meta.decode_block_tables, meta.decode_context_lens, scale, sliding_window
         )
     return decode_reference(q, cache, meta, scale, sliding_window)

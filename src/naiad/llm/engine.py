@@ -39,10 +39,12 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    enforce_eager: bool = False  # on CUDA: no CUDA graphs for decode steps
 
     def runner_config(self) -> RunnerConfig:
         return RunnerConfig(
-            self.model, self.dtype, self.device, self.block_size, self.kv_cache_memory, self.kv_cache_fraction
+            self.model, self.dtype, self.device, self.block_size, self.kv_cache_memory, self.kv_cache_fraction,
+            self.enforce_eager, self.max_num_seqs,
         )
 
 

@@ -17,6 +17,8 @@ import torch
 from naiad.llm.attention import AttentionMetadata, allocate_kv_caches
 from naiad.llm.block_manager import num_blocks_for
 from naiad.llm.cpu_linear import can_prepack, prepack_linears
+from naiad.llm.cuda_graphs import DecodeGraphs
+from naiad.llm.kernels import triton_attention
 from naiad.llm.loader import load_model
 from naiad.llm.sampler import SamplingBatch, logprobs, sample
 from naiad.llm.scheduler import SchedulerOutput
@@ -37,6 +39,9 @@ class RunnerConfig:
     block_size: int = 16
     kv_cache_memory: int | None = None
     kv_cache_fraction: float | None = None
+    #: on CUDA, replay decode steps of up to `max_num_seqs` rows from CUDA graphs unless this is set
+    enforce_eager: bool = False
+    max_num_seqs: int = 256
 
 
 @dataclass(slots=True)
@@ -102,9 +107,11 @@ class ModelRunner:
         )
         if self.num_blocks < 1:
             raise ValueError(f"the KV cache's {self.kv_cache_memory} bytes do not hold one KV block")
+        use_graphs = self.device.type == "cuda" and not config.enforce_eager and triton_attention.triton is not None
+        # The graphs' padded rows need a block of their own, past those the block manager owns.
         self.kv_caches = allocate_kv_caches(
             self.args.num_layers,
-            self.num_blocks,
+            self.num_blocks + 1 if use_graphs else self.num_blocks,
             config.block_size,
             self.args.num_kv_heads,
             self.args.head_dim,
@@ -112,6 +119,12 @@ class ModelRunner:
             self.device,
         )
         self._generators: dict[str, torch.Generator] = {}
+        self.graphs: DecodeGraphs | None = None
+        if use_graphs:
+            max_len = min(self.args.max_model_len, self.num_blocks * config.block_size)
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, config.max_num_seqs,
+                                       -(-max_len // config.block_size), config.block_size, self.num_blocks,
+                                       self.device)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> tuple[list[int], list[TokenLogprobs | None] | None]:
@@ -121,8 +134,7 @@ class ModelRunner:
             self._generators.pop(seq_id, None)
         if not output.seqs:
             return [], None
-        inputs = self.prepare(output)
-        logits = self.model(inputs.token_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
+        logits = self._forward(output)
         sampling = [seq for seq, row_samples in zip(output.seqs, output.sample, strict=True) if row_samples]
         batch = self._sampling_batch(sampling)
         sampled = sample(logits, batch)
@@ -142,6 +154,21 @@ class ModelRunner:
             else:
                 per_row.append(None)
         return token_ids, per_row
+
+    def _forward(self, output: SchedulerOutput) -> torch.Tensor:
+        """The logits of the rows that sample: from a CUDA graph for a plain decode step, else eagerly."""
+        if self.graphs is not None and all(n == 1 for n in output.num_tokens) and all(output.sample):
+            computed = [seq.num_computed_tokens for seq in output.seqs]
+            widths = [-(-(c + 1) // self.block_size) for c in computed]
+            if self.graphs.fits(len(computed), max(widths)):
+                return self.graphs.run(
+                    [seq.token_ids[c] for seq, c in zip(output.seqs, computed, strict=True)],
+                    computed,
+                    [seq.block_table[:w] for seq, w in zip(output.seqs, widths, strict=True)],
+                    [c + 1 for c in computed],
+                )
+        inputs = self.prepare(output)
+        return self.model(inputs.token_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
 
     def prepare(self, output: SchedulerOutput) -> StepInputs:
         """Flatten the rows: row `i` brings tokens `[c, c + num_tokens[i])` of its sequence."""
