@@ -25,8 +25,11 @@ chat messages ({"role", "content"}) that the backend renders with its tokenizer'
 may not import naiad.llm, and the template belongs to the model the backend loaded.
 
 Config parameters: `model` (a Hugging Face directory, a `.gguf` file, a path relative to the
-version directory, or "bundled:smollm2"), `dtype` (auto, fp32, bf16, fp16) and
-`kv_cache_memory` (bytes). Each instance owns one engine stepping on its own thread.
+version directory, or "bundled:smollm2"), the engine's settings by their EngineConfig names
+(`ENGINE_PARAMETERS`: dtype, device, kv_cache_memory or kv_cache_fraction, max_num_seqs, ...),
+and `engine_process` (default true). Each instance owns one engine core, in a process of its
+own (`naiad.llm.engine_core`) unless `engine_process` is false (then on a thread); a core that
+dies fails its open requests and makes the instance not ready.
 """
 
 from __future__ import annotations
@@ -46,11 +49,20 @@ from gguf import GGUFReader
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, Model, ModelInstance, Outputs, RequestResult, ResponseSender
-from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError
+from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError, Unavailable
 from naiad.llm import gguf
-from naiad.llm.engine import EngineConfig, LLMEngine
+from naiad.llm.engine import EngineConfig
+from naiad.llm.engine_core import (
+    AddRequest,
+    CoreMessage,
+    EngineClient,
+    EngineFailed,
+    RequestOutput,
+    RequestRejected,
+    StepOutputs,
+)
 from naiad.llm.sampling_params import SamplingParams
-from naiad.llm.sequence import FinishReason, Sequence, TokenLogprobs
+from naiad.llm.sequence import FinishReason, TokenLogprobs
 from naiad.llm.tokenizer import IncrementalDetokenizer, Tokenizer
 from naiad.types import InferRequest, RequestedOutput
 
@@ -102,11 +114,17 @@ class LLMModel(Model):
         if not self.config.model_transaction_policy.decoupled:
             raise InvalidArgument(f"model '{self.config.name}': the llm backend needs "
                                   "model_transaction_policy { decoupled: true }")
-        return LLMInstance(self.engine_config(), self.config.name, {output.name for output in self.config.output})
+        params = {key: value.string_value for key, value in self.config.parameters.items()}
+        engine_process = _parameter("engine_process", params.get("engine_process", "true"), bool)
+        return LLMInstance(self.engine_config(group, index), self.config.name,
+                           {output.name for output in self.config.output}, engine_process=engine_process)
 
-    def engine_config(self) -> EngineConfig:
+    def engine_config(self, group: mc.ModelInstanceGroup | None = None, index: int = 0) -> EngineConfig:
         """The engine settings from the config's `parameters` (every EngineConfig field but `model`
-        by its own name: dtype, device, block_size, kv_cache_memory, max_num_seqs, ...)."""
+        by its own name: dtype, device, block_size, kv_cache_memory, max_num_seqs, ...).
+
+        Without a `device` parameter, a KIND_GPU instance runs on its group's GPU (as Triton
+        spreads a group's instances over its `gpus`), any other on the CPU."""
         params = {key: value.string_value for key, value in self.config.parameters.items()}
         if "model" not in params:
             raise InvalidArgument(f"model '{self.config.name}': the llm backend needs a 'model' parameter")
@@ -114,6 +132,8 @@ class LLMModel(Model):
         for name, kind in ENGINE_PARAMETERS.items():
             if name in params:
                 settings[name] = _parameter(name, params[name], kind)
+        if "device" not in settings and group is not None and group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            settings["device"] = f"cuda:{group.gpus[index % len(group.gpus)] if group.gpus else 0}"
         return EngineConfig(**settings)
 
     def _model_path(self, model: str) -> Path:
@@ -125,8 +145,9 @@ class LLMModel(Model):
 
 #: the config parameters that set EngineConfig fields, and how each is read
 ENGINE_PARAMETERS: dict[str, type] = {
-    "dtype": str, "device": str, "block_size": int, "kv_cache_memory": int, "max_num_seqs": int,
-    "max_num_batched_tokens": int, "max_model_len": int, "enable_prefix_caching": bool,
+    "dtype": str, "device": str, "block_size": int, "kv_cache_memory": int, "kv_cache_fraction": float,
+    "max_num_seqs": int, "max_num_batched_tokens": int, "max_model_len": int, "enable_prefix_caching": bool,
+    "enforce_eager": bool,
 }
 
 
@@ -135,11 +156,12 @@ def _parameter(name: str, text: str, kind: type) -> Any:
         if text.lower() not in ("true", "false", "1", "0"):
             raise InvalidArgument(f"parameter '{name}' must be true or false, got {text!r}")
         return text.lower() in ("true", "1")
-    if kind is int:
+    if kind in (int, float):
         try:
-            return int(text)
+            return kind(text)
         except ValueError:
-            raise InvalidArgument(f"parameter '{name}' must be an integer, got {text!r}") from None
+            noun = "an integer" if kind is int else "a number"
+            raise InvalidArgument(f"parameter '{name}' must be {noun}, got {text!r}") from None
     return text
 
 
@@ -184,7 +206,7 @@ class StopStrings:
 
 @dataclass(slots=True)
 class _Request:
-    """One request between the backend's execute path and the engine thread."""
+    """One request between the backend's execute path and the engine core's outputs."""
 
     send: Send
     cancelled: Callable[[], bool]
@@ -203,45 +225,55 @@ class _Request:
 
 
 class LLMInstance(ModelInstance):
-    """One engine and the thread that steps it.
+    """One engine core (its own process unless `engine_process` is False) and its client.
 
     It answers later (`start`): the core hands requests over and returns at once, and the
-    engine thread sends every response. A plain `execute_decoupled` would not do, as the core
-    closes requests still open when it returns.
+    client's reader thread sends every response as the engine core's step outputs arrive. A
+    plain `execute_decoupled` would not do, as the core closes requests still open when it
+    returns.
     """
 
     answers_later = True
     gathers_inputs = False
 
-    def __init__(self, config: EngineConfig, model_name: str, output_names: set[str] | None = None) -> None:
+    def __init__(self, config: EngineConfig, model_name: str, output_names: set[str] | None = None,
+                 engine_process: bool = True) -> None:
         self.model_name = model_name
         self.output_names = {TEXT_OUTPUT, *EXTRA_OUTPUTS} if output_names is None else output_names
         self._token_texts: dict[int, str] = {}
-        self.engine = LLMEngine(config)
         self.tokenizer = load_tokenizer(Path(config.model))
         self._ids = itertools.count()
-        self._incoming: list[_Request] = []
-        self._active: dict[str, _Request] = {}  # by engine request id; only the engine thread uses it
-        self._wake = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name=f"llm-{model_name}", daemon=True)
-        self._thread.start()
+        self._active: dict[str, _Request] = {}  # by engine request id
+        self._lock = threading.Lock()  # guards _active: start() adds, the reader thread removes
+        try:
+            self.client = EngineClient(config, self._on_message, in_process=not engine_process,
+                                       name=f"llm-{model_name}")
+        except RuntimeError as error:
+            raise InvalidArgument(f"model '{model_name}': {error}") from None
+        self.max_model_len = self.client.info.max_model_len
 
     def execute(self, batch: Batch) -> list[RequestResult]:
         raise InvalidArgument("the llm backend only serves decoupled models")
 
     def start(self, batch: Batch, send: ResponseSender, executed: Callable[[], None], blocking: bool = True) -> bool:
-        """Validate each request and queue it for the engine thread; there is always room (the
+        """Validate each request and hand it to the engine core; there is always room (the
         engine's scheduler queues what does not fit in a step)."""
-        accepted = []
         for index, request in enumerate(batch.requests):
             try:
-                accepted.append(self._parse(request, _sender(send, index), _canceller(batch, index)))
+                parsed = self._parse(request, _sender(send, index), _canceller(batch, index))
             except NaiadError as error:
                 send(index, error, True)
-        with self._wake:
-            self._incoming.extend(accepted)
-            self._wake.notify()
+                continue
+            parsed.seq_id = f"llm-{next(self._ids)}"
+            with self._lock:
+                self._active[parsed.seq_id] = parsed
+            try:
+                self.client.add(AddRequest(parsed.seq_id, parsed.prompt, parsed.max_tokens, parsed.sampling_params,
+                                           parsed.ignore_eos))
+            except RuntimeError:
+                with self._lock:
+                    self._active.pop(parsed.seq_id, None)
+                send(index, Unavailable(f"model '{self.model_name}': its engine is not running"), True)
         executed()
         return True
 
@@ -249,13 +281,15 @@ class LLMInstance(ModelInstance):
         """Never called back: `start` always takes its batch."""
 
     def is_ready(self) -> bool:
-        return self._thread.is_alive()
+        return self.client.is_alive()
 
     def close(self) -> None:
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-        self._thread.join(timeout=30)
+        with self._lock:
+            active, self._active = self._active, {}
+        for request in active.values():
+            with contextlib.suppress(NaiadError):
+                request.send(Cancelled(f"model '{self.model_name}' was unloaded"), True)
+        self.client.close()
 
     # ------------------------------------------------------------------------- request parsing
 
@@ -273,9 +307,9 @@ class LLMInstance(ModelInstance):
         max_tokens = values.integer("max_tokens", DEFAULT_MAX_TOKENS)
         if max_tokens < 1:
             raise InvalidArgument(f"max_tokens must be at least 1, got {max_tokens}")
-        if len(prompt) + max_tokens > self.engine.max_model_len:
+        if len(prompt) + max_tokens > self.max_model_len:
             raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds "
-                                  f"the model's context length ({self.engine.max_model_len})")
+                                  f"the model's context length ({self.max_model_len})")
         min_tokens = values.integer("min_tokens", 0)
         if min_tokens > max_tokens:
             raise InvalidArgument(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})")
@@ -342,86 +376,79 @@ class LLMInstance(ModelInstance):
         except ValueError as error:
             raise InvalidArgument(str(error)) from None
 
-    # ------------------------------------------------------------------------- the engine thread
+    # ------------------------------------------------------------------------ the core's outputs
 
-    def _loop(self) -> None:
-        while True:
-            with self._wake:
-                self._wake.wait_for(lambda: self._closed or self._incoming or self.engine.has_unfinished())
-                if self._closed:
-                    break
-                incoming, self._incoming = self._incoming, []
-            self._admit(incoming)
+    def _on_message(self, message: CoreMessage) -> None:
+        """Runs on the client's reader thread, for every message of the engine core."""
+        if isinstance(message, StepOutputs):
+            for output in message.outputs:
+                with self._lock:
+                    request = self._active.get(output.request_id)
+                if request is not None and self._emit(request, output):
+                    self._forget(output.request_id)
             self._abort_cancelled()
-            if self.engine.has_unfinished():
-                self._step()
-        self._fail_all(Cancelled(f"model '{self.model_name}' was unloaded"))
+        elif isinstance(message, RequestRejected):
+            self._close(message.request_id, InvalidArgument(message.message))
+        elif isinstance(message, EngineFailed):
+            if message.request_ids:
+                log.error("model '%s': %s", self.model_name, message.message)
+            for request_id in message.request_ids:
+                self._close(request_id, InternalError(message.message))
 
-    def _admit(self, requests: list[_Request]) -> None:
-        for request in requests:
-            try:
-                request.seq_id = self.engine.add_request(
-                    request.prompt, request.max_tokens, sampling_params=request.sampling_params,
-                    request_id=f"llm-{next(self._ids)}", ignore_eos=request.ignore_eos,
-                )
-            except NaiadError as error:
+    def _forget(self, request_id: str) -> _Request | None:
+        with self._lock:
+            return self._active.pop(request_id, None)
+
+    def _close(self, request_id: str, error: NaiadError) -> None:
+        request = self._forget(request_id)
+        if request is not None:
+            with contextlib.suppress(NaiadError):
                 request.send(error, True)
-                continue
-            self._active[request.seq_id] = request
 
     def _abort_cancelled(self) -> None:
         """The client went away: free its sequence's KV blocks now rather than at max_tokens."""
-        for seq_id, request in list(self._active.items()):
-            if request.cancelled():
-                self.engine.abort_request(seq_id)
-                del self._active[seq_id]
-                request.send(Cancelled("the request was cancelled"), True)
+        with self._lock:
+            cancelled = [seq_id for seq_id, request in self._active.items() if request.cancelled()]
+        if cancelled:
+            self.client.abort(cancelled)
+            for seq_id in cancelled:
+                self._close(seq_id, Cancelled("the request was cancelled"))
 
-    def _step(self) -> None:
-        try:
-            finished = {seq.seq_id: seq for seq in self.engine.step()}
-        except Exception as error:  # the engine failed: its requests cannot go on
-            log.exception("model '%s': the engine step failed", self.model_name)
-            self._fail_all(InternalError(f"the engine failed: {error}"))
-            return
-        for seq_id, request in list(self._active.items()):
-            seq = finished.get(seq_id) or self.engine.scheduler.get(seq_id)
-            if seq is not None and self._emit(request, seq, seq_id in finished):
-                del self._active[seq_id]
-
-    def _emit(self, request: _Request, seq: Sequence, done: bool) -> bool:
+    def _emit(self, request: _Request, output: RequestOutput) -> bool:
         """Send the text of the request's new tokens (or hold it back); close the request when
         its sequence finished or a stop string ended it. Returns whether it is closed."""
-        tokens = seq.output_token_ids
-        new = tokens[request.sent_tokens :]
-        if seq.logprobs is not None and LOGPROBS in request.returns:
-            request.logprobs.extend(self._logprobs_json(new, seq.logprobs[request.sent_tokens : len(tokens)]))
-        request.sent_tokens = len(tokens)
-        if done and seq.finish_reason is FinishReason.STOP and new:
+        new = output.new_token_ids
+        done = output.finish_reason is not None
+        if output.new_logprobs is not None and LOGPROBS in request.returns:
+            request.logprobs.extend(self._logprobs_json(new, output.new_logprobs))
+        request.sent_tokens += len(new)
+        reason = FinishReason(output.finish_reason) if done else None
+        if reason is FinishReason.STOP and new:
             new = new[:-1]  # the end-of-sequence or stop token has no text (as vLLM)
         pieces = [request.detokenizer.push(token) for token in new]
         if done:
             pieces.append(request.detokenizer.flush())
         text = "".join(pieces)
-        reason = seq.finish_reason if done else None
         if request.stop is not None:
             text, stopped = request.stop.push(text, final=done)
             if stopped:
                 if not done:
-                    self.engine.abort_request(seq.seq_id)
+                    self.client.abort([request.seq_id])
                 done, reason = True, FinishReason.STOP
+        counts = (output.num_prompt_tokens, request.sent_tokens)
         if request.stream:
             if text or (done and request.returns):
-                request.send(self._outputs(request, text, reason, seq), False)
+                request.send(self._outputs(request, text, reason, counts), False)
         else:
             request.text.append(text)
             if done:
-                request.send(self._outputs(request, "".join(request.text), reason, seq), False)
+                request.send(self._outputs(request, "".join(request.text), reason, counts), False)
         if done:
             request.send(None, True)
         return done
 
-    def _outputs(self, request: _Request, text: str, reason: FinishReason | None, seq: Sequence) -> Outputs:
+    def _outputs(self, request: _Request, text: str, reason: FinishReason | None, counts: tuple[int, int]) -> Outputs:
+        """The response's outputs; `counts` is (prompt tokens, output tokens so far)."""
         outputs = _text(text)
         returns = request.returns
         if not returns:
@@ -429,9 +456,9 @@ class LLMInstance(ModelInstance):
         if FINISH_REASON in returns:
             outputs[FINISH_REASON] = np.array([(reason.value if reason is not None else "").encode()], dtype=object)
         if PROMPT_TOKENS in returns:
-            outputs[PROMPT_TOKENS] = np.array([seq.num_prompt_tokens], dtype=np.int32)
+            outputs[PROMPT_TOKENS] = np.array([counts[0]], dtype=np.int32)
         if COMPLETION_TOKENS in returns:
-            outputs[COMPLETION_TOKENS] = np.array([seq.num_output_tokens], dtype=np.int32)
+            outputs[COMPLETION_TOKENS] = np.array([counts[1]], dtype=np.int32)
         if LOGPROBS in returns:
             outputs[LOGPROBS] = np.array([json.dumps(request.logprobs).encode()], dtype=object)
             request.logprobs = []
@@ -448,17 +475,6 @@ class LLMInstance(ModelInstance):
             text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return {"id": token_id, "token": text, "logprob": max(logprob, MIN_LOGPROB),
                 "bytes": list(text.encode("utf-8"))}
-
-    def _fail_all(self, error: NaiadError) -> None:
-        for seq_id, request in self._active.items():
-            self.engine.abort_request(seq_id)
-            with contextlib.suppress(NaiadError):
-                request.send(error, True)
-        self._active.clear()
-        with self._wake:
-            incoming, self._incoming = self._incoming, []
-        for request in incoming:
-            request.send(error, True)
 
 
 def _text(text: str) -> Outputs:
