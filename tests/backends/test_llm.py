@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.llm import RequestValues, StopStrings, check_parameters
+from naiad.backends.llm import LLMModel, RequestValues, StopStrings, check_parameters
 from naiad.errors import InvalidArgument
 from naiad.types import DataType, InferRequest, Tensor
 
@@ -111,3 +112,39 @@ def test_held_back_text_goes_out_once_it_cannot_be_a_stop_string() -> None:
 
 def test_the_earliest_of_several_stop_strings_wins() -> None:
     assert _run(["b", "a"], ["xxab"]) == (["xx"], True)
+
+
+def _model(parameters: dict[str, str], tmp_path) -> LLMModel:
+    config = mc.ModelConfig(name="m", backend="llm")
+    for key, value in {"model": "weights", **parameters}.items():
+        config.parameters[key].string_value = value
+    return LLMModel(config, tmp_path, 1)
+
+
+def test_engine_settings_come_from_config_parameters(tmp_path) -> None:
+    config = _model({"dtype": "bf16", "kv_cache_fraction": "0.25", "max_num_seqs": "8", "enforce_eager": "true",
+                     "enable_prefix_caching": "false"}, tmp_path).engine_config()
+    assert config.model == tmp_path / "weights"  # relative to the version directory
+    assert (config.dtype, config.kv_cache_fraction, config.max_num_seqs) == ("bf16", 0.25, 8)
+    assert config.enforce_eager is True and config.enable_prefix_caching is False
+    assert config.device == "cpu"
+
+
+@pytest.mark.parametrize(("parameters", "message"), [
+    ({"max_num_seqs": "many"}, "must be an integer"),
+    ({"kv_cache_fraction": "half"}, "must be a number"),
+    ({"enforce_eager": "maybe"}, "must be true or false"),
+])
+def test_bad_engine_settings_are_invalid_arguments(parameters: dict[str, str], message: str, tmp_path) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        _model(parameters, tmp_path).engine_config()
+
+
+def test_a_gpu_instance_runs_on_its_groups_gpu(tmp_path) -> None:
+    model = _model({}, tmp_path)
+    group = mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_GPU, gpus=[2, 3])
+    assert model.engine_config(group, 0).device == "cuda:2"
+    assert model.engine_config(group, 1).device == "cuda:3"
+    assert model.engine_config(mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU), 0).device == "cpu"
+    pinned = _model({"device": "cuda:1"}, tmp_path)
+    assert pinned.engine_config(group, 0).device == "cuda:1"  # an explicit device wins
