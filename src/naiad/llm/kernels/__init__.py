@@ -59,8 +59,8 @@ def _build() -> Path | None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.tmp")
-    command = [compiler, "-O3", "-march=native", "-ffast-math", "-shared", "-fPIC", str(SOURCE), "-o", str(partial),
-               "-lm"]
+    command = [compiler, "-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC", str(SOURCE), "-o",
+               str(partial), "-lm"]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         log.warning("building the CPU attention kernel failed (%s): using the torch reference\n%s",
@@ -86,7 +86,8 @@ def library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(path))
         function = lib.paged_decode_attention
         function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 6, *[ctypes.c_int64] * 7, ctypes.c_float]
+        function.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 6, *[ctypes.c_int64] * 7, ctypes.c_float,
+                             ctypes.c_int64]
         _library = lib
         return _library
 
@@ -106,6 +107,8 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """`q` `[rows, heads, d]`, one query per row, over the paged cache; see paged_attention.c.
 
+    The rows are split over as many threads as torch uses.
+
     Call only where `supports(q)`; the tensors are made contiguous (and int64) here.
     """
     lib = library()
@@ -121,7 +124,7 @@ def paged_decode_attention(
     status = lib.paged_decode_attention(
         _DTYPES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         out.data_ptr(), rows, heads, kv_heads, head_dim, block_size, tables.shape[1] if tables.dim() == 2 else 0,
-        sliding_window or 0, scale,
+        sliding_window or 0, scale, torch.get_num_threads(),
     )
     if status != 0:
         raise MemoryError("the attention kernel could not allocate its scratch memory")
