@@ -76,6 +76,8 @@ PREFIX_TOKENS = 1000
 MAX_SEQS = 64
 SERVERS = ("naiad", "vllm", "llama")
 PEERS = ("vllm", "llama")
+# Servers whose load set-up cannot hold a 1,000-token prompt: restarted for the prefix-cache pairs.
+PREFIX_RESTART = ("llama",)
 LABELS = {"naiad": "naiad", "vllm": "vLLM-CPU", "llama": "llama-server"}
 WORD = re.compile(r"^Ġ[a-z]{3,}$")  # byte-level BPE: Ġ is the leading space
 
@@ -177,7 +179,10 @@ async def run_load(base: str, prompts: list[str], streams: int, max_tokens: int)
     queue = list(reversed(prompts))
     results: list[RequestResult] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+    # A fresh connection per request: llama-server closes streamed connections, and a pooled one
+    # it has closed fails the next request ("Can not write request body").
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         t0 = time.perf_counter()
 
         async def worker() -> None:
@@ -277,8 +282,11 @@ def write_naiad_repo() -> Path:
     return NAIAD_REPO
 
 
-def server_argv(name: str, ports: list[int]) -> tuple[list[str], dict[str, str], str]:
-    """(argv, env, readiness URL) for one server on ``ports[0]`` (HTTP)."""
+def server_argv(name: str, ports: list[int], prefix_mode: bool = False) -> tuple[list[str], dict[str, str], str]:
+    """(argv, env, readiness URL) for one server on ``ports[0]`` (HTTP).
+
+    ``prefix_mode``: the llama-server set-up for the prefix-cache pairs (see PREFIX_RESTART).
+    """
     port = ports[0]
     env = dict(os.environ)
     if name == "naiad":
@@ -292,18 +300,22 @@ def server_argv(name: str, ports: list[int]) -> tuple[list[str], dict[str, str],
                 "--served-model-name", MODEL_NAME, "--dtype", "bfloat16", "--host", "127.0.0.1",
                 "--port", str(port), "--max-num-seqs", str(MAX_SEQS), "--max-model-len", "2048"]
         return argv, env, f"http://127.0.0.1:{port}/health"
-    # llama-server: 64 slots sharing one KV buffer (-kvu), so a slot may take a 1,000-token prompt.
+    # llama-server: 64 continuous-batching slots of 256 tokens each (-c is split between them). A
+    # unified KV buffer (-kvu) would let one slot take a 1,000-token prompt, but then every
+    # sequence attends over the whole shared buffer: 5x slower at 64 streams, so the prefix-cache
+    # pairs get a server of their own with one 2,048-token slot instead.
+    slots, ctx = (1, 2048) if prefix_mode else (MAX_SEQS, MAX_SEQS * 256)
     argv = [str(llama_server_bin()), "-m", str(GGUF_PATH), "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(MAX_SEQS), "-c", str(MAX_SEQS * 256), "-kvu", "-a", MODEL_NAME, "--no-webui"]
+            "-np", str(slots), "-c", str(ctx), "-a", MODEL_NAME, "--no-webui"]
     return argv, env, f"http://127.0.0.1:{port}/health"
 
 
-def start(name: str, timeout_s: float) -> tuple[Server, str]:
+def start(name: str, timeout_s: float, prefix_mode: bool = False) -> tuple[Server, str]:
     """Start one server and wait until its readiness URL answers 200; (server, base URL)."""
     ports = free_ports(3)
-    argv, env, ready_url = server_argv(name, ports)
+    argv, env, ready_url = server_argv(name, ports, prefix_mode)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    log = LOG_DIR / f"llm-{name}.log"
+    log = LOG_DIR / f"llm-{name}{'-prefix' if prefix_mode else ''}.log"
     with log.open("wb") as out:
         out.write((" ".join(argv) + "\n").encode())
         out.flush()
@@ -346,7 +358,7 @@ def measure_server(name: str, base: str, server: Server, load: dict[int, list[st
         if server.proc.poll() is not None:
             raise BenchError(f"{name} exited with {server.proc.returncode} ({server.log}):\n{tail(server.log, 25)}")
         out["points"].append(asdict(point) | {"prompt_tokens_reported": sorted(prompt_tokens)})
-    if prefix_pairs:
+    if prefix_pairs and name not in PREFIX_RESTART:
         out["prefix"] = measure_prefix(name, base, prefix_pairs)
     return out
 
@@ -522,6 +534,11 @@ def main(argv: list[str]) -> int:
             server, base = start(name, args.start_timeout)
             print(f"  ready after {time.monotonic() - t:.0f} s", flush=True)
             doc["servers"][name] = measure_server(name, base, server, load, warmup, prefix_pairs)
+            if prefix_pairs and name in PREFIX_RESTART:
+                server.stop(30)
+                server, base = start(name, args.start_timeout, prefix_mode=True)
+                doc["servers"][name]["prefix"] = measure_prefix(name, base, prefix_pairs)
+                doc["servers"][name]["prefix_server"] = "restarted with -np 1 -c 2048"
         except BenchError as err:
             print(f"{LABELS[name]}: unavailable: {err}", flush=True)
             doc["unavailable"][name] = str(err).splitlines()[0]
