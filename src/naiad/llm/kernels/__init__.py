@@ -1,4 +1,6 @@
-"""CPU kernels in plain C, built on first use with the machine's gcc and called through ctypes.
+"""CPU kernels in plain C, built on first use with the machine's gcc and called through ctypes:
+decode attention over the paged cache (`paged_attention.c`) and the decoder layer's fused
+element-wise ops (`fused_ops.c`: RMSNorm with the residual add, rotary embedding, SiLU-gating).
 
 Why not a torch C++ extension: one including torch's headers takes about a minute to compile
 on two cores, while this C file builds in under a second and needs nothing but gcc (which CI
@@ -25,7 +27,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_attention.c")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "paged_attention.c", HERE / "fused_ops.c"]
+HEADERS = [HERE / "common.h"]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -52,15 +56,15 @@ def _build() -> Path | None:
     if compiler is None:
         log.warning("no C compiler found: the LLM engine uses its torch attention on the CPU")
         return None
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     key = hashlib.sha256(source + _cpu_key().encode()).hexdigest()[:16]
-    target = cache_dir() / f"paged_attention-{key}.so"
+    target = cache_dir() / f"cpu_kernels-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.tmp")
-    command = [compiler, "-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC", str(SOURCE), "-o",
-               str(partial), "-lm"]
+    command = [compiler, "-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC",
+               *map(str, SOURCES), "-o", str(partial), "-lm"]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         log.warning("building the CPU attention kernel failed (%s): using the torch reference\n%s",
@@ -88,6 +92,11 @@ def library() -> ctypes.CDLL | None:
         function.restype = ctypes.c_int
         function.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 6, *[ctypes.c_int64] * 7, ctypes.c_float,
                              ctypes.c_int64]
+        lib.rms_norm.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 5, ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
+        lib.rotary.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 6]
+        lib.silu_mul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        for name in ("rms_norm", "rotary", "silu_mul"):
+            getattr(lib, name).restype = ctypes.c_int
         _library = lib
         return _library
 
@@ -128,4 +137,54 @@ def paged_decode_attention(
     )
     if status != 0:
         raise MemoryError("the attention kernel could not allocate its scratch memory")
+    return out
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise MemoryError(f"the {what} kernel could not allocate its scratch memory")
+
+
+def _lib() -> ctypes.CDLL:
+    lib = library()
+    assert lib is not None, "a CPU kernel was called without the kernel library (check supports() first)"
+    return lib
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RMSNorm of the rows of `x` (after adding `residual`, when given); returns (normed, x + residual)."""
+    x = x.contiguous()
+    rows, dim = x.numel() // x.shape[-1], x.shape[-1]
+    out = torch.empty_like(x)
+    summed = None
+    if residual is not None:
+        residual = residual.contiguous()
+        summed = torch.empty_like(x)
+    _check(_lib().rms_norm(_DTYPES[x.dtype], x.data_ptr(), None if residual is None else residual.data_ptr(),
+                           None if summed is None else summed.data_ptr(), weight.contiguous().data_ptr(),
+                           out.data_ptr(), rows, dim, eps), "rms_norm")
+    return out, summed
+
+
+def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate `q` `[tokens, heads, d]` and `k` `[tokens, kv_heads, d]` in place; each token's heads
+    must be contiguous (the tokens may be strided, as views into a fused qkv output)."""
+    tokens, heads, head_dim = q.shape
+    for t in (q, k):
+        if t.stride(2) != 1 or t.stride(1) != head_dim:
+            raise ValueError("rotary_ needs each token's heads contiguous")
+    cos, sin = cos.reshape(tokens, head_dim).contiguous(), sin.reshape(tokens, head_dim).contiguous()
+    _check(_lib().rotary(_DTYPES[q.dtype], q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads,
+                         k.shape[1], head_dim, q.stride(0), k.stride(0)), "rotary")
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for rows `[gate | up]`."""
+    gate_up = gate_up.contiguous()
+    inter = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], inter, dtype=gate_up.dtype, device=gate_up.device)
+    _check(_lib().silu_mul(_DTYPES[gate_up.dtype], gate_up.data_ptr(), out.data_ptr(), out.numel() // inter, inter),
+           "silu_mul")
     return out

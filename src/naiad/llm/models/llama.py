@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from naiad.llm import kernels
 from naiad.llm.attention import AttentionMetadata, KVCache, paged_attention
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -181,6 +182,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if kernels.supports(x):
+            return kernels.rms_norm(x, self.weight, self.eps)[0]
+        return self._reference(x)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Norm of `x + residual`, and that sum (the residual stream of the next sub-layer)."""
+        if kernels.supports(x):
+            normed, summed = kernels.rms_norm(x, self.weight, self.eps, residual)
+            assert summed is not None
+            return normed, summed
+        summed = x + residual
+        return self._reference(summed), summed
+
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
         # In float32 and the weight applied after the cast back, as the reference does, so
         # that bf16 and fp16 round the same way.
         x32 = x.float()
@@ -212,7 +227,10 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if kernels.supports(q):
+            kernels.rotary_(q, k, *rope)  # in place, in the qkv output
+        else:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = paged_attention(q, k, v, cache, meta, self.scale, self.sliding_window)
         return self.o_proj(out.flatten(1))
 
@@ -224,7 +242,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if kernels.supports(gate_up):
+            return self.down_proj(kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -237,10 +258,23 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(args)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, cache: KVCache
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        cache: KVCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`x + residual` is the layer's input (`x` alone for the first layer); returns the MLP's
+        output and the residual stream before it, whose sum is the layer's output. Deferring the
+        add lets the next norm fuse it (as vLLM's layers do); the sums are the reference's."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, rope, meta, cache)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -253,13 +287,15 @@ class LlamaModel(nn.Module):
 
     def forward(
         self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]
-    ) -> torch.Tensor:
-        """Hidden states of the last layer, before the final norm."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's output as (MLP output, residual stream): their sum, before the final norm."""
         x = self.embed_tokens(token_ids)
         rope = self.rotary(positions, x.dtype)
+        residual = None
         for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rope, meta, cache)
-        return x
+            x, residual = layer(x, residual, rope, meta, cache)
+        assert residual is not None, "a model without layers"
+        return x, residual
 
 
 # Hugging Face's separate projections → (fused module, which part of its output rows).
@@ -303,8 +339,9 @@ class LlamaForCausalLM(nn.Module):
         Every token's K/V is written to `kv_caches`; only the rows that sample need logits,
         and the final norm and LM head run on those rows alone.
         """
-        hidden = self.model(token_ids, positions, meta, kv_caches)
-        return self.lm_head(self.model.norm(hidden[logits_indices]))
+        hidden, residual = self.model(token_ids, positions, meta, kv_caches)
+        normed, _ = self.model.norm.add_forward(hidden[logits_indices], residual[logits_indices])
+        return self.lm_head(normed)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face tensors into the parameters (casting to their dtype); check that all came."""
