@@ -395,6 +395,7 @@ def engine_ceiling(streams: list[int], prompts: Prompts, steps: int) -> list[dic
 
     engine = LLMEngine(EngineConfig(model=MODEL_DIR, dtype="bf16", kv_cache_memory=1 << 30, max_num_seqs=MAX_SEQS))
     greedy = SamplingParams(temperature=0.0)
+    engine.generate([prompts.token_ids(p) for p in prompts.batch(2)], max_tokens=8, sampling_params=greedy)  # warm-up
     rows = []
     for n in streams:
         ids = [engine.add_request(prompts.token_ids(p), NEW_TOKENS, sampling_params=greedy, ignore_eos=True)
@@ -478,6 +479,16 @@ def print_table(doc: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------- main
 
 
+def naiad_source() -> dict[str, Any]:
+    """The commit naiad ran from, and the files under src/ that differed from it at the start."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "src_changes": git("status", "--short", "--", "src").splitlines()}
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
@@ -512,7 +523,7 @@ def main(argv: list[str]) -> int:
         "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS, "streams": args.streams,
         "requests": {str(n): len(p) for n, p in load.items()}, "args": vars(args),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
-        "servers": {}, "unavailable": {}, "engine_ceiling": None,
+        "servers": {}, "unavailable": {}, "engine_ceiling": None, "naiad_source": naiad_source(),
     }
     if not args.no_ceiling:
         print("naiad engine ceiling (in-process LLMEngine, bf16, no server)", flush=True)
