@@ -128,6 +128,7 @@ class RequestResult:
     completion_tokens: int | None  # from the server's usage chunk, when it sends one
     prompt_tokens: int | None
     error: str | None = None
+    sent_s: float = 0.0  # since the point started
 
 
 async def stream_completion(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int,
@@ -165,6 +166,7 @@ async def stream_completion(session: aiohttp.ClientSession, url: str, prompt: st
         return RequestResult(None, [], 0, time.perf_counter() - t0, None, None, f"{type(err).__name__}: {err}")
     end = time.perf_counter()
     return RequestResult(
+        sent_s=start - t0,
         ttft_s=stamps[0] - start if stamps else None,
         itl_s=[b - a for a, b in itertools.pairwise(stamps)],
         text_chunks=len(stamps),
@@ -357,7 +359,11 @@ def measure_server(name: str, base: str, server: Server, load: dict[int, list[st
             print(f"    error: {err}", flush=True)
         if server.proc.poll() is not None:
             raise BenchError(f"{name} exited with {server.proc.returncode} ({server.log}):\n{tail(server.log, 25)}")
-        out["points"].append(asdict(point) | {"prompt_tokens_reported": sorted(prompt_tokens)})
+        by_send = sorted((r for r in results if r.ttft_s is not None), key=lambda r: r.sent_s)
+        out["points"].append(asdict(point) | {
+            "prompt_tokens_reported": sorted(prompt_tokens),
+            "ttft_ms_in_send_order": [round(r.ttft_s * 1e3, 1) for r in by_send if r.ttft_s is not None],
+        })
     if prefix_pairs and name not in PREFIX_RESTART:
         out["prefix"] = measure_prefix(name, base, prefix_pairs)
     return out
