@@ -1,0 +1,95 @@
+"""The bare engine's decode step on any device: how fast can naiad's LLM engine go, server aside.
+
+    python bench/llm_engine_step.py [--device cuda] [--dtypes bf16 fp32] [--streams 1 16 64 256]
+
+Builds the ~123M random-weight Llama of the LLM benchmark (hidden 768, 12 layers, FFN 2048,
+vocab 49152, tied embeddings) with transformers into a temporary folder, needing no tokenizer
+(prompts are random token ids), so it also runs on a lent GPU machine with only torch and
+transformers. For each dtype (and, on CUDA, with and without CUDA graphs) and stream count it
+prefills 128-token prompts, then times decode steps: the median step and tokens/s. The serving
+benchmark against vLLM-CPU and llama.cpp is bench/llm.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from naiad.llm.engine import EngineConfig, LLMEngine
+from naiad.llm.sampling_params import GREEDY
+
+PROMPT_TOKENS = 128
+VOCAB = 49152
+
+
+def build_model(path: Path) -> Path:
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12,
+                         intermediate_size=2048, vocab_size=VOCAB, tie_word_embeddings=True,
+                         max_position_embeddings=2048)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def measure(engine: LLMEngine, streams: int, steps: int, rng: random.Random) -> dict[str, Any]:
+    ids = [engine.add_request([rng.randrange(VOCAB) for _ in range(PROMPT_TOKENS)], 100_000,
+                              sampling_params=GREEDY, ignore_eos=True) for _ in range(streams)]
+    started = time.perf_counter()
+    while engine.scheduler.waiting or any(s.num_output_tokens < 1 for s in engine.scheduler.running):
+        engine.step()
+    prefill = time.perf_counter() - started
+    for _ in range(3):
+        engine.step()
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - started)
+    for request_id in ids:
+        engine.abort_request(request_id)
+    step = statistics.median(times)
+    return {"streams": streams, "step_ms": round(step * 1e3, 2), "tokens_per_s": round(streams / step, 1),
+            "prefill_s": round(prefill, 3)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtypes", nargs="+", default=["bf16"])
+    parser.add_argument("--streams", nargs="+", type=int, default=[1, 16, 64])
+    parser.add_argument("--steps", type=int, default=30, help="timed decode steps per point")
+    parser.add_argument("--output", type=Path, help="also write the results here as JSON")
+    args = parser.parse_args(argv)
+    # CUDA graphs are naiad's default on a GPU; measure them against eager steps.
+    modes = [False, True] if args.device.startswith("cuda") else [False]
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        model = build_model(Path(folder) / "llama-123m")
+        for dtype in args.dtypes:
+            for eager in modes:
+                engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=args.device, kv_cache_memory=2 << 30,
+                                                max_num_seqs=max(args.streams), enforce_eager=eager))
+                rng = random.Random(0)
+                for streams in args.streams:
+                    row = {"device": args.device, "dtype": dtype, "cuda_graphs": engine.runner.graphs is not None,
+                           **measure(engine, streams, args.steps, rng)}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+                del engine
+    if args.output is not None:
+        args.output.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
