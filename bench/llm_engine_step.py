@@ -77,7 +77,8 @@ def main(argv: list[str]) -> int:
         model = build_model(Path(folder) / "llama-123m")
         for dtype in args.dtypes:
             for eager in modes:
-                engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=args.device, kv_cache_memory=2 << 30,
+                # 4 GiB: 256 fp32 sequences of 128 + ~40 tokens fit without preemption (2 GiB did not).
+                engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=args.device, kv_cache_memory=4 << 30,
                                                 max_num_seqs=max(args.streams), enforce_eager=eager))
                 rng = random.Random(0)
                 for streams in args.streams:
