@@ -3,12 +3,11 @@ transformers running on the same GPU. Skipped unless torch sees CUDA."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
-from llm.tiny_models import TINY, build_tiny_model, hf_model
+from llm.tiny_models import PREFIX, REQUESTS, TINY, build_tiny_model, hf_model, run_staggered
 
 from naiad.llm.engine import EngineConfig, LLMEngine
 from naiad.llm.sampling_params import GREEDY, SamplingParams
@@ -16,23 +15,6 @@ from naiad.llm.sampling_params import GREEDY, SamplingParams
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
 BLOCK = 4
-
-
-def _tokens(n: int, seed: int) -> list[int]:
-    return random.Random(seed).choices(range(3, TINY["vocab_size"]), k=n)
-
-
-PREFIX = _tokens(26, 0)
-# (prompt, max_tokens, the step before which it arrives): lengths, arrivals and shared prefixes mixed
-REQUESTS = [
-    (_tokens(5, 1), 12, 0),
-    (_tokens(23, 2), 7, 0),
-    (PREFIX + _tokens(5, 3), 10, 0),
-    (PREFIX + _tokens(7, 4), 9, 2),
-    (_tokens(1, 5), 8, 2),
-    (_tokens(37, 6), 16, 5),
-    (PREFIX, 6, 5),
-]
 
 
 @pytest.fixture(scope="module")
@@ -59,25 +41,12 @@ def _engine(path: Path, dtype: str = "float32", **overrides: object) -> LLMEngin
     return LLMEngine(EngineConfig(**{**config, **overrides}))  # type: ignore[arg-type]
 
 
-def _run_staggered(engine: LLMEngine) -> list[list[int]]:
-    index: dict[str, int] = {}
-    outputs: dict[int, list[int]] = {}
-    for step in range(500):
-        for i, (prompt, max_tokens, arrival) in enumerate(REQUESTS):
-            if arrival == step:
-                index[engine.add_request(prompt, max_tokens, sampling_params=GREEDY)] = i
-        outputs.update((index[seq.seq_id], seq.output_token_ids) for seq in engine.step())
-        if len(outputs) == len(REQUESTS):
-            return [outputs[i] for i in range(len(REQUESTS))]
-    raise AssertionError("the engine made no progress")
-
-
 @pytest.mark.parametrize("caching", [True, False], ids=["prefix-cache", "no-cache"])
 @pytest.mark.parametrize("variant", ["llama", "qwen2"])
 def test_greedy_matches_transformers_on_cuda(models: dict[str, Path], variant: str, caching: bool) -> None:
     engine = _engine(models[variant], enable_prefix_caching=caching)
     assert engine.runner.kv_caches[0][0].device.type == "cuda"
-    assert _run_staggered(engine) == _hf_greedy_cuda(models[variant], torch.float32)
+    assert run_staggered(engine) == _hf_greedy_cuda(models[variant], torch.float32)
     assert (engine.block_manager.prefix_cache_hits > 0) == caching
 
 
@@ -85,7 +54,7 @@ def test_preemption_on_cuda_recomputes_the_same_tokens(models: dict[str, Path]) 
     per_block = 2 * TINY["num_hidden_layers"] * BLOCK * TINY["num_key_value_heads"] * 16 * 4  # head_dim 16, fp32
     engine = _engine(models["llama"], kv_cache_memory=16 * per_block, max_model_len=64)
     assert engine.runner.num_blocks == 16
-    assert _run_staggered(engine) == _hf_greedy_cuda(models["llama"], torch.float32)
+    assert run_staggered(engine) == _hf_greedy_cuda(models["llama"], torch.float32)
     assert engine.scheduler.num_preemptions > 0
 
 

@@ -7,12 +7,11 @@ step budget is small enough to chunk the longer prompts.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
-from llm.tiny_models import TINY, hf_greedy, hf_model
+from llm.tiny_models import PREFIX, REQUESTS, TINY, hf_greedy, hf_model, run_staggered, tokens
 from naiad.errors import InvalidArgument
 from naiad.llm.engine import EngineConfig, LLMEngine
 from naiad.llm.sampling_params import GREEDY, SamplingParams
@@ -20,24 +19,6 @@ from naiad.llm.sequence import FinishReason, Sequence
 
 BLOCK = 4
 
-
-def _tokens(n: int, seed: int) -> list[int]:
-    return random.Random(seed).choices(range(3, TINY["vocab_size"]), k=n)
-
-
-PREFIX = _tokens(26, 0)
-# (prompt, max_tokens, the step before which it arrives)
-REQUESTS = [
-    (_tokens(5, 1), 12, 0),
-    (_tokens(23, 2), 7, 0),
-    (PREFIX + _tokens(5, 3), 10, 0),
-    (PREFIX + _tokens(7, 4), 9, 2),
-    (_tokens(1, 5), 8, 2),
-    (_tokens(37, 6), 16, 5),
-    (PREFIX + _tokens(3, 7), 5, 5),
-    (PREFIX, 6, 5),
-    (PREFIX[:12], 6, 6),
-]
 
 
 def _kv_bytes(num_blocks: int) -> int:
@@ -68,17 +49,6 @@ def references(tiny_models: dict[str, Path]) -> dict[str, list[list[int]]]:
     return refs
 
 
-def _run_staggered(engine: LLMEngine) -> list[list[int]]:
-    index: dict[str, int] = {}
-    outputs: dict[int, list[int]] = {}
-    for step in range(500):
-        for i, (prompt, max_tokens, arrival) in enumerate(REQUESTS):
-            if arrival == step:
-                index[engine.add_request(prompt, max_tokens, sampling_params=GREEDY)] = i
-        outputs.update((index[seq.seq_id], seq.output_token_ids) for seq in engine.step())
-        if len(outputs) == len(REQUESTS):
-            return [outputs[i] for i in range(len(REQUESTS))]
-    raise AssertionError("the engine made no progress")
 
 
 @pytest.mark.parametrize("caching", [True, False], ids=["prefix-cache", "no-cache"])
@@ -87,7 +57,7 @@ def test_greedy_matches_transformers_in_a_continuous_batch(
     tiny_models: dict[str, Path], references: dict[str, list[list[int]]], variant: str, caching: bool
 ) -> None:
     engine = _engine(tiny_models[variant], enable_prefix_caching=caching)
-    assert _run_staggered(engine) == references[variant]
+    assert run_staggered(engine) == references[variant]
     hits = engine.block_manager.prefix_cache_hits
     assert hits > 0 if caching else hits == 0
     assert engine.block_manager.num_used_blocks == 0
@@ -95,7 +65,7 @@ def test_greedy_matches_transformers_in_a_continuous_batch(
 
 @pytest.mark.parametrize("caching", [True, False], ids=["prefix-cache", "no-cache"])
 @pytest.mark.parametrize("variant", ["llama", "qwen2"])
-def test_preemption_recomputes_the_same_tokens(
+def test_preemption_recomputes_the_sametokens(
     tiny_models: dict[str, Path], references: dict[str, list[list[int]]], variant: str, caching: bool
 ) -> None:
     # 16 blocks of 4 tokens: max_model_len's worth, a fraction of what the batch wants.
@@ -103,7 +73,7 @@ def test_preemption_recomputes_the_same_tokens(
         tiny_models[variant], kv_cache_memory=_kv_bytes(16), max_model_len=64, enable_prefix_caching=caching
     )
     assert engine.runner.num_blocks == 16
-    assert _run_staggered(engine) == references[variant]
+    assert run_staggered(engine) == references[variant]
     assert engine.scheduler.num_preemptions > 0
 
 
@@ -168,7 +138,7 @@ def test_bad_requests_are_refused_before_scheduling(tiny_models: dict[str, Path]
     with pytest.raises(InvalidArgument, match="outside the vocabulary"):
         engine.add_request([5, TINY["vocab_size"]], 4)
     with pytest.raises(InvalidArgument, match="context length"):
-        engine.add_request(_tokens(96, 0), 4)
+        engine.add_request(tokens(96, 0), 4)
     with pytest.raises(ValueError, match="exceeds the model's context"):
         _engine(tiny_models["llama"], max_model_len=1000)
     assert not engine.has_unfinished()
@@ -181,7 +151,7 @@ def _finish(engine: LLMEngine) -> dict[str, Sequence]:
     return finished
 
 
-def test_stop_token_ids_and_min_tokens(tiny_models: dict[str, Path], references: dict[str, list[list[int]]]) -> None:
+def test_stop_token_ids_and_mintokens(tiny_models: dict[str, Path], references: dict[str, list[list[int]]]) -> None:
     engine = _engine(tiny_models["llama"])
     prompt, expected = REQUESTS[0][0], references["llama"][0]
     stop_at = next(i for i in range(1, len(expected)) if expected[i] not in expected[:i])

@@ -6,8 +6,12 @@ tests in this folder import nothing of them.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from naiad.llm.engine import LLMEngine
 
 TINY = {
     "hidden_size": 64,
@@ -84,3 +88,43 @@ def hf_greedy(model: Any, prompt: list[int], max_tokens: int) -> list[int]:
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, pad_token_id=0
         )
     return out[0, len(prompt) :].tolist()
+
+
+# A continuous batch for the engine tests, on CPU and GPU alike: requests of different lengths
+# arrive at different steps with different max_tokens; several share a long prefix (one is
+# exactly that prefix, one ends on a block boundary inside it).
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return random.Random(seed).choices(range(3, TINY["vocab_size"]), k=n)
+
+
+PREFIX = tokens(26, 0)
+#: (prompt, max_tokens, the step before which it arrives)
+REQUESTS = [
+    (tokens(5, 1), 12, 0),
+    (tokens(23, 2), 7, 0),
+    (PREFIX + tokens(5, 3), 10, 0),
+    (PREFIX + tokens(7, 4), 9, 2),
+    (tokens(1, 5), 8, 2),
+    (tokens(37, 6), 16, 5),
+    (PREFIX + tokens(3, 7), 5, 5),
+    (PREFIX, 6, 5),
+    (PREFIX[:12], 6, 6),
+]
+
+
+def run_staggered(engine: LLMEngine, requests: list[tuple[list[int], int, int]] = REQUESTS) -> list[list[int]]:
+    """Feed `requests` greedily as they arrive, step the engine to the end; outputs in request order."""
+    from naiad.llm.sampling_params import GREEDY
+
+    index: dict[str, int] = {}
+    outputs: dict[int, list[int]] = {}
+    for step in range(500):
+        for i, (prompt, max_tokens, arrival) in enumerate(requests):
+            if arrival == step:
+                index[engine.add_request(prompt, max_tokens, sampling_params=GREEDY)] = i
+        outputs.update((index[seq.seq_id], seq.output_token_ids) for seq in engine.step())
+        if len(outputs) == len(requests):
+            return [outputs[i] for i in range(len(requests))]
+    raise AssertionError("the engine made no progress")
