@@ -39,12 +39,12 @@ class ServerProcess:
     """A `naiad serve` child process on free loopback ports: HTTP at `url`, gRPC at `grpc_url`."""
 
     def __init__(self, args: list[str], log_path: Path) -> None:
-        self.http_port, self.grpc_port = free_ports(2)
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.url = f"127.0.0.1:{self.http_port}"
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         command = [sys.executable, "-m", "naiad.cli", "serve", "--http-address", "127.0.0.1",
                    "--http-port", str(self.http_port), "--grpc-address", "127.0.0.1",
-                   "--grpc-port", str(self.grpc_port), *args]
+                   "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port), *args]
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)

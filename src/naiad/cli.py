@@ -60,7 +60,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--grpc-port", type=int, default=8001)
     _grpc_flags(p)
     _add_bool(p, "--allow-client-shm", False, "let clients register system shared memory regions")
-    _add_bool(p, "--allow-metrics", True, "serve metrics (not built yet: accepted for compatibility)")
+    _add_bool(p, "--allow-metrics", True, "serve Prometheus metrics at /metrics on --metrics-port")
+    _add_bool(p, "--allow-cpu-metrics", True, "include nv_cpu_utilization and the host's memory")
+    _add_bool(p, "--allow-gpu-metrics", True, "accepted for compatibility (no GPU metrics yet)")
     p.add_argument("--metrics-address", default=None)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off")
@@ -160,6 +162,8 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         grpc=_grpc_options(args),
         allow_client_shm=args.allow_client_shm,
         allow_metrics=args.allow_metrics,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         rate_limit=args.rate_limit,

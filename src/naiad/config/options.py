@@ -52,7 +52,9 @@ class ServerOptions:
     grpc: GrpcOptions = field(default_factory=GrpcOptions)
     allow_client_shm: bool = False
     allow_metrics: bool = True
-    metrics_address: str | None = None
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True  # accepted; GPU metrics are not served yet
+    metrics_address: str | None = None  # None: the HTTP address
     metrics_port: int = 8002
     rate_limit: str = "off"  # off | execution_count
     rate_limit_resources: dict[tuple[str, int | None], int] = field(default_factory=dict)

@@ -125,7 +125,8 @@ class LoadedVersion:
     def _drop(self, job: Job, error: Exception | None) -> None:
         """A job the scheduler dropped (timed out or cancelled): answer it if anyone listens."""
         now = time.monotonic_ns()
-        self.stats.record_failure(now - job.enqueued_ns)
+        # No error: its client went away while it waited; an error: a queue policy timed it out.
+        self.stats.record_failure(now - job.enqueued_ns, "CANCELED" if error is None else "REJECTED")
         self.release()
         if error is not None:
             job.sink(self.builder.error(job.request, error))

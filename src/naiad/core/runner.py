@@ -10,10 +10,15 @@ from collections.abc import Callable
 
 from naiad.backends.base import Batch, ModelInstance, RaggedLayout
 from naiad.core.responses import ResponseBuilder
-from naiad.errors import InternalError, NaiadError
+from naiad.errors import Cancelled, InternalError, NaiadError
 from naiad.observability.statistics import ModelStatistics
 from naiad.scheduling.base import Job
 from naiad.types import InferResponse
+
+
+def failure_reason(error: Exception | None) -> str:
+    """The metrics' reason for a request that executed and failed."""
+    return "CANCELED" if isinstance(error, Cancelled) else "BACKEND"
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +49,8 @@ class InstanceRunner:
         self.stats.record_execution(batch.size, *compute)
         for job, response in zip(jobs, responses, strict=True):
             ok = response.error is None
-            self.stats.record_request(ok, end - job.enqueued_ns, start - job.enqueued_ns, compute)
+            self.stats.record_request(ok, end - job.enqueued_ns, start - job.enqueued_ns, compute,
+                                      failure_reason(response.error))
         self.on_done(len(jobs))
         for job, response in zip(jobs, responses, strict=True):
             job.sink(response)
@@ -104,7 +110,8 @@ class _Delivery:
         if final:
             now = time.monotonic_ns()
             runner.stats.record_request(response.error is None, now - job.enqueued_ns,
-                                        self.start - job.enqueued_ns, (0, now - self.start, 0))
+                                        self.start - job.enqueued_ns, (0, now - self.start, 0),
+                                        failure_reason(response.error))
             runner.on_done(1)
         job.sink(response)
 

@@ -19,6 +19,7 @@ from naiad.core.shared_memory import Region as Region  # re-exported: frontends 
 from naiad.core.shared_memory import SharedMemoryRegistry
 from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable, Unsupported
 from naiad.observability.logs import LogSettings
+from naiad.observability.metrics import ModelSample
 from naiad.scheduling.base import Job, Sink
 from naiad.types import InferRequest, InferResponse, TensorSpec
 
@@ -192,7 +193,8 @@ class InferenceServer:
         except BaseException as error:
             loaded.release()
             if isinstance(error, NaiadError):
-                loaded.stats.record_failure(0)
+                # A full queue (Unavailable) rejects; a request that fails validation is OTHER.
+                loaded.stats.record_failure(0, "REJECTED" if isinstance(error, Unavailable) else "OTHER")
             raise
 
     # -- repository --------------------------------------------------------------------------
@@ -222,6 +224,10 @@ class InferenceServer:
             raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
 
     # -- statistics --------------------------------------------------------------------------
+
+    def metric_samples(self) -> list[ModelSample]:
+        """Every loaded version's counters and queue depth, for the metrics page."""
+        return [ModelSample(loaded.stats, loaded.pending()) for loaded in self.models.loaded()]
 
     def statistics(self, name: str | None, version: int | None) -> dict[str, Any]:
         if name is None:

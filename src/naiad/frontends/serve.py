@@ -20,6 +20,7 @@ from naiad.frontends.grpc.server import GrpcService
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.service import HttpService
 from naiad.observability.logs import LogSettings
+from naiad.observability.metrics import Metrics, MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,10 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
         return 1
     http = HttpService(HttpApp(server, options.http_max_input_size), options.http_address, options.http_port)
     grpc_service = GrpcService(server, options)
+    metrics: MetricsServer | None = None
     try:
         await _start_frontends(options, http, grpc_service)
+        metrics = _metrics_server(options, server)
     except NaiadError as error:
         log.error("%s", error)
         await http.stop()
@@ -59,11 +62,26 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
                 await poller
         await grpc_service.stop(_GRPC_STOP_GRACE_SECS)
         await http.stop()
+        if metrics is not None:
+            metrics.stop()
         if not drained:
             log.warning("Exit timeout expired. Exiting immediately.")
         await loop.run_in_executor(None, server.stop, options.exit_timeout_secs if drained else 0.0)
     log.info("exiting")
     return 0 if drained else 1
+
+
+def _metrics_server(options: ServerOptions, server: InferenceServer) -> MetricsServer | None:
+    if not options.allow_metrics:
+        return None
+    address = options.metrics_address or options.http_address
+    try:
+        metrics = MetricsServer(Metrics(server.metric_samples, cpu=options.allow_cpu_metrics), address,
+                                options.metrics_port)
+    except OSError as error:  # as Triton: a metrics port that cannot be had is a start-up error
+        raise NaiadError(f"failed to start Metrics service at {address}:{options.metrics_port}: {error}") from None
+    metrics.start()
+    return metrics
 
 
 async def _start_frontends(options: ServerOptions, http: HttpService, grpc_service: GrpcService) -> None:

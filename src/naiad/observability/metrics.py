@@ -1,0 +1,211 @@
+"""Prometheus metrics with Triton's names, types and labels (SPEC §5), served at /metrics.
+
+Everything is read at scrape time from the counters the statistics API already keeps, so an
+inference pays nothing for metrics. The text is written here rather than by
+`prometheus_client`: its exposition renames every counter to `<name>_total` (and adds
+`_created` series), while dashboards built on Triton scrape `nv_inference_request_success`
+itself. Labels are printed sorted by name, as Triton's prometheus-cpp does (QA regexes rely
+on `{model="m",reason="REJECTED",version="1"}`).
+
+Not yet here (issue 7 goes on): the latency summaries and the first-response histogram
+(`--metrics-config`), response-cache and model-load metrics, GPU metrics through NVML,
+`metric_tags`, and the LLM metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from naiad.observability.statistics import FAILURE_REASONS, ModelStatistics
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSample:
+    """What one loaded model version contributes: its counters and its queue depth now."""
+
+    stats: ModelStatistics
+    pending: int
+
+
+#: (name, type, help) of the per-model families, in Triton's order
+_COUNTERS = [
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes"),
+    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes"),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)"),
+    ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)"),
+    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds "
+                                         "(includes cached requests)"),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds "
+                                       "(includes cached requests)"),
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds "
+                                               "(does not include cached requests)"),
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds "
+                                               "(does not include cached requests)"),
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in "
+                                                "microseconds (does not include cached requests)"),
+]
+_DURATIONS = {
+    "nv_inference_request_duration_us": "success",
+    "nv_inference_queue_duration_us": "queue",
+    "nv_inference_compute_input_duration_us": "compute_input",
+    "nv_inference_compute_infer_duration_us": "compute_infer",
+    "nv_inference_compute_output_duration_us": "compute_output",
+}
+
+
+def _labels(**labels: str) -> str:
+    inner = ",".join(f'{key}="{_escape(value)}"' for key, value in sorted(labels.items()))
+    return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _family(name: str, kind: str, doc: str, samples: Iterable[tuple[str, float | int]]) -> Iterator[str]:
+    rows = list(samples)
+    if not rows:
+        return
+    yield f"# HELP {name} {doc}"
+    yield f"# TYPE {name} {kind}"
+    for labels, value in rows:
+        yield f"{name}{labels} {_number(value)}"
+
+
+def _number(value: float | int) -> str:
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
+def render_models(samples: list[ModelSample]) -> Iterator[str]:
+    """The per-model families for the loaded versions."""
+    snapshots = [(sample, sample.stats.snapshot()) for sample in samples]
+    for name, doc in _COUNTERS:
+        rows: list[tuple[str, float | int]] = []
+        for sample, snap in snapshots:
+            model, version = sample.stats.name, sample.stats.version
+            if name == "nv_inference_request_success":
+                rows.append((_labels(model=model, version=version), snap.success))
+            elif name == "nv_inference_request_failure":
+                rows.extend((_labels(model=model, reason=reason, version=version), snap.failures[reason])
+                            for reason in FAILURE_REASONS)
+            elif name == "nv_inference_count":
+                rows.append((_labels(model=model, version=version), snap.inference_count))
+            elif name == "nv_inference_exec_count":
+                rows.append((_labels(model=model, version=version), snap.execution_count))
+            else:
+                ns = snap.durations_ns[_DURATIONS[name]]
+                if name == "nv_inference_request_duration_us":
+                    ns += snap.durations_ns["fail"]  # end to end covers failed requests too, as Triton
+                rows.append((_labels(model=model, version=version), ns // 1000))
+        yield from _family(name, "counter", doc, rows)
+        if name == "nv_inference_exec_count":
+            yield from _family("nv_inference_pending_request_count", "gauge",
+                               "Instantaneous number of pending requests awaiting execution per-model.",
+                               [(_labels(model=s.stats.name, version=s.stats.version), s.pending)
+                                for s in samples])
+
+
+class CpuSampler:
+    """nv_cpu_utilization over the time since the previous scrape (0..1, all cores), and the
+    host's memory, from /proc as Triton reads them."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
+        self._last = self._times()
+        self._lock = threading.Lock()
+
+    def _times(self) -> tuple[int, int] | None:
+        """(busy, total) jiffies of all CPUs, or None where /proc/stat is not readable."""
+        try:
+            fields = (self.proc / "stat").read_text().splitlines()[0].split()[1:]
+        except (OSError, IndexError):
+            return None
+        values = [int(field) for field in fields[:8]]
+        idle = values[3] + values[4]  # idle + iowait
+        return sum(values) - idle, sum(values)
+
+    def utilization(self) -> float:
+        with self._lock:
+            now, last = self._times(), self._last
+            self._last = now
+        if now is None or last is None or now[1] <= last[1]:
+            return 0.0
+        return (now[0] - last[0]) / (now[1] - last[1])
+
+    def memory(self) -> tuple[int, int]:
+        """(total, used) bytes; used is total minus MemAvailable."""
+        info: dict[str, int] = {}
+        try:
+            for line in (self.proc / "meminfo").read_text().splitlines():
+                key, _, rest = line.partition(":")
+                info[key] = int(rest.split()[0]) * 1024
+        except (OSError, ValueError, IndexError):
+            return 0, 0
+        total = info.get("MemTotal", 0)
+        return total, total - info.get("MemAvailable", info.get("MemFree", 0))
+
+    def render(self) -> Iterator[str]:
+        total, used = self.memory()
+        yield from _family("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]",
+                           [("", self.utilization())])
+        yield from _family("nv_cpu_memory_total_bytes", "gauge", "CPU total memory (RAM), in bytes", [("", total)])
+        yield from _family("nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes", [("", used)])
+
+
+class Metrics:
+    """The whole /metrics page: per-model families, then the CPU's (when allowed)."""
+
+    def __init__(self, samples: Callable[[], list[ModelSample]], cpu: bool = True) -> None:
+        self.samples = samples
+        self.cpu = CpuSampler() if cpu else None
+
+    def text(self) -> bytes:
+        lines = list(render_models(self.samples()))
+        if self.cpu is not None:
+            lines.extend(self.cpu.render())
+        return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+class MetricsServer:
+    """GET /metrics on its own port and thread (Triton's --metrics-port, 8002 by default)."""
+
+    def __init__(self, metrics: Metrics, address: str, port: int) -> None:
+        page = metrics
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404, "Not Found")
+                    return
+                body = page.text()
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # scrapes are not worth a log line each
+
+        self._server = ThreadingHTTPServer((address, port), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("Started Metrics Service at %s:%d", self._server.server_address[0], self.port)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+

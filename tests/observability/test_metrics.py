@@ -1,0 +1,73 @@
+"""The /metrics page from statistics counters: Triton's names, types, sorted labels, reasons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from naiad.observability.metrics import CpuSampler, Metrics, ModelSample, render_models
+from naiad.observability.statistics import ModelStatistics
+
+
+def _families(text: str) -> dict[str, object]:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def _stats() -> ModelStatistics:
+    stats = ModelStatistics("simple", "1")
+    stats.record_execution(1, 1_000, 2_000, 3_000)
+    stats.record_request(True, 10_000, 4_000, (1_000, 2_000, 3_000))
+    stats.record_execution(8, 1_000, 2_000, 3_000)
+    stats.record_request(True, 20_000, 4_000, (1_000, 2_000, 3_000))
+    stats.record_request(False, 5_000, 0, (0, 0, 0))  # BACKEND by default
+    stats.record_failure(7_000, "REJECTED")
+    stats.record_failure(0)  # OTHER
+    return stats
+
+
+def test_model_families_with_triton_names_and_values() -> None:
+    text = "\n".join(render_models([ModelSample(_stats(), pending=3)])) + "\n"
+    families = _families(text)
+    # By family name: the parser reports a counter's samples as `<name>_total`.
+    values = {(f.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    model = (("model", "simple"), ("version", "1"))
+    assert values[("nv_inference_request_success", model)] == 2
+    assert values[("nv_inference_count", model)] == 9
+    assert values[("nv_inference_exec_count", model)] == 2
+    assert values[("nv_inference_pending_request_count", model)] == 3
+    assert values[("nv_inference_queue_duration_us", model)] == 8  # 2 x 4,000 ns
+    assert values[("nv_inference_compute_infer_duration_us", model)] == 4
+    assert values[("nv_inference_request_duration_us", model)] == 42  # success 30 us + failures 12 us
+    failures = {dict(labels)["reason"]: value for (name, labels), value in values.items()
+                if name == "nv_inference_request_failure"}
+    assert failures == {"REJECTED": 1.0, "CANCELED": 0.0, "BACKEND": 1.0, "OTHER": 1.0}
+    assert "# TYPE nv_inference_request_success counter" in text  # not renamed to *_total
+    assert "# TYPE nv_inference_pending_request_count gauge" in text
+
+
+def test_labels_print_sorted_as_triton_does() -> None:
+    text = "\n".join(render_models([ModelSample(_stats(), pending=0)]))
+    assert 'nv_inference_request_failure{model="simple",reason="REJECTED",version="1"} 1' in text
+    assert 'nv_inference_request_success{model="simple",version="1"} 2' in text
+
+
+def test_no_models_no_model_families() -> None:
+    assert list(render_models([])) == []
+
+
+def test_cpu_metrics_from_proc(tmp_path: Path) -> None:
+    (tmp_path / "stat").write_text("cpu  100 0 100 700 100 0 0 0 0 0\n")
+    (tmp_path / "meminfo").write_text("MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n")
+    sampler = CpuSampler(tmp_path)
+    (tmp_path / "stat").write_text("cpu  200 0 200 1200 200 0 0 0 0 0\n")  # +200 busy of +800 jiffies
+    families = _families("\n".join(sampler.render()) + "\n")
+    assert families["nv_cpu_utilization"].samples[0].value == 0.25
+    assert families["nv_cpu_memory_total_bytes"].samples[0].value == 1_024_000
+    assert families["nv_cpu_memory_used_bytes"].samples[0].value == 614_400
+
+
+def test_the_page_leaves_cpu_metrics_out_when_not_allowed() -> None:
+    text = Metrics(lambda: [ModelSample(_stats(), 0)], cpu=False).text().decode()
+    assert "nv_inference_count" in text and "nv_cpu_utilization" not in text
+    assert "nv_cpu_utilization" in Metrics(lambda: [], cpu=True).text().decode()
