@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from naiad.config.options import GrpcOptions, ServerOptions
+from naiad.observability.statistics import LatencySettings
 
 log = logging.getLogger("naiad.cli")
 
@@ -65,6 +66,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     _add_bool(p, "--allow-gpu-metrics", True, "accepted for compatibility (no GPU metrics yet)")
     p.add_argument("--metrics-address", default=None)
     p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="counter_latencies, summary_latencies, histogram_latencies (true/false), "
+                        "summary_quantiles=0.5:0.05,0.9:0.01,...")
+    p.add_argument("--metrics-interval-ms", type=int, default=2000,
+                   help="accepted for compatibility: metrics are read at scrape time")
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off")
     p.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]")
     p.add_argument("--id", default="triton", help="server id reported in server metadata")
@@ -137,6 +143,11 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         parser.error("--load-model requires --model-control-mode=explicit")
     if args.repository_poll_secs is not None and mode != "poll":
         parser.error("--repository-poll-secs is only valid with --model-control-mode=poll")
+    metrics_config = dict(item.partition("=")[::2] for item in args.metrics_config)
+    try:
+        LatencySettings.from_config(metrics_config)
+    except ValueError as error:
+        parser.error(str(error))
     backend_config = _backend_config(args.backend_config, parser)
     default_mbs = backend_config.get("", {}).get("default-max-batch-size", "4")
     return ServerOptions(
@@ -166,6 +177,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         allow_gpu_metrics=args.allow_gpu_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
+        metrics_config=metrics_config,
         rate_limit=args.rate_limit,
         rate_limit_resources=_rate_limit_resources(args.rate_limit_resource, parser),
         server_id=args.id,

@@ -84,3 +84,23 @@ def test_an_instance_that_cannot_take_the_batch_fails_each_request() -> None:
     runner(_jobs(2, answers))
     assert [str(a.error) for a in answers] == ["Stub process 'm_0' is not healthy."] * 2
     assert released == [1, 1]
+
+
+def test_the_first_response_of_each_request_feeds_the_histogram_once(monkeypatch) -> None:
+    from naiad.observability import statistics
+
+    monkeypatch.setattr(statistics, "latency_settings", statistics.LatencySettings(histogram=True))
+    instance = LaterInstance()
+    runner, stats, _ = _runner(instance)
+    answers: list[InferResponse] = []
+    assert runner.try_run(_jobs(2, answers))
+    (_, send, executed), = instance.taken
+    executed()
+    send(0, {"OUT": np.array([1], dtype=np.int32)}, False)  # a decoupled stream: three responses
+    send(0, {"OUT": np.array([2], dtype=np.int32)}, False)
+    send(0, None, True)
+    send(1, Unavailable("no"), True)  # an error is a response too
+    buckets, count, _ = stats.histogram_rows()
+    assert count == 2 and buckets[-1] == ("+Inf", 2)
+    assert stats.first_response is not None
+    assert stats.failures["BACKEND"] == 1

@@ -5,6 +5,8 @@ together → exec 1), failure reasons, the pending gauge, label order, and the f
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -151,3 +153,37 @@ def test_a_metrics_port_in_use_is_a_start_up_error(repo: Path, start_server: Any
         server = start_server(["--model-repository", str(repo), "--metrics-port", str(port)], wait=False)
         assert server.process.wait(60) == 1
     assert "failed to start Metrics service" in server.logs()
+
+
+def test_metrics_config_turns_summaries_and_the_histogram_on(repo: Path, start_server: Any) -> None:
+    server = start_server(["--model-repository", str(repo), "--metrics-config", "summary_latencies=true",
+                           "--metrics-config", "histogram_latencies=true", "--metrics-config=counter_latencies=false"])
+    for _ in range(3):
+        _infer(server.url, "plain", 2)
+    families = {family.name: family for family in text_string_to_metric_families(_scrape(server))}
+    assert "nv_inference_queue_duration_us" not in families
+    counts = {s.labels["model"]: s.value for s in families["nv_inference_request_summary_us"].samples
+              if s.name.endswith("_count")}
+    assert counts["plain"] == 3
+    quantiles = {s.labels["quantile"] for s in families["nv_inference_compute_infer_summary_us"].samples
+                 if "quantile" in s.labels and s.labels["model"] == "plain"}
+    assert quantiles == {"0.5", "0.9", "0.95", "0.99", "0.999"}
+    buckets = [s for s in families["nv_inference_first_response_histogram_ms"].samples
+               if s.name.endswith("_bucket") and s.labels["model"] == "plain"]
+    assert [s.labels["le"] for s in buckets] == ["100", "500", "2000", "5000", "+Inf"]
+    assert buckets[-1].value == 3
+
+
+def test_by_default_no_summaries_or_histograms(repo: Path, start_server: Any) -> None:
+    server = start_server(["--model-repository", str(repo)])
+    _infer(server.url, "plain", 1)
+    text = _scrape(server)
+    assert "_summary_us" not in text and "histogram" not in text
+    assert "nv_inference_compute_infer_duration_us" in text
+
+
+def test_an_unknown_metrics_config_setting_is_a_usage_error(repo: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(repo),
+                           "--metrics-config", "quantum_latencies=true"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unknown --metrics-config setting 'quantum_latencies'" in done.stderr

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from naiad.observability.metrics import CpuSampler, Metrics, ModelSample, render_models
-from naiad.observability.statistics import ModelStatistics
+from naiad.observability.statistics import Histogram, LatencySettings, ModelStatistics
 
 
 def _families(text: str) -> dict[str, object]:
@@ -71,3 +72,52 @@ def test_the_page_leaves_cpu_metrics_out_when_not_allowed() -> None:
     text = Metrics(lambda: [ModelSample(_stats(), 0)], cpu=False).text().decode()
     assert "nv_inference_count" in text and "nv_cpu_utilization" not in text
     assert "nv_cpu_utilization" in Metrics(lambda: [], cpu=True).text().decode()
+
+
+def _latency_stats(settings: LatencySettings) -> ModelStatistics:
+    stats = ModelStatistics("m", "2", latency=settings)
+    for total_us in (1_000, 2_000, 3_000, 4_000):
+        stats.record_request(True, total_us * 1000, 500_000, (1_000, 2_000, 3_000))
+        stats.record_first_response(total_us * 1000)
+    return stats
+
+
+def test_summaries_and_the_histogram_only_when_turned_on() -> None:
+    off = "\n".join(render_models([ModelSample(_latency_stats(LatencySettings()), 0)]))
+    assert "summary" not in off and "histogram" not in off
+    on = LatencySettings.from_config({"summary_latencies": "true", "histogram_latencies": "true",
+                                      "counter_latencies": "false", "summary_quantiles": "0.5:0.05,0.99:0.001"})
+    text = "\n".join(render_models([ModelSample(_latency_stats(on), 0)])) + "\n"
+    families = _families(text)
+    assert "nv_inference_request_duration_us" not in families  # counter_latencies=false
+    assert "nv_inference_request_success" in families  # the other counters stay
+    summary = families["nv_inference_request_summary_us"]
+    assert summary.type == "summary"
+    samples = {(s.name, s.labels.get("quantile")): s.value for s in summary.samples}
+    assert samples[("nv_inference_request_summary_us", "0.5")] == 3_000  # of 1, 2, 3 and 4 ms
+    assert samples[("nv_inference_request_summary_us", "0.99")] == 4_000
+    assert samples[("nv_inference_request_summary_us_count", None)] == 4
+    assert samples[("nv_inference_request_summary_us_sum", None)] == 10_000
+    assert 'nv_inference_queue_summary_us{model="m",quantile="0.5",version="2"} 500.0' in text
+    histogram = families["nv_inference_first_response_histogram_ms"]
+    buckets = {s.labels["le"]: s.value for s in histogram.samples if s.name.endswith("_bucket")}
+    assert buckets == {"100": 4, "500": 4, "2000": 4, "5000": 4, "+Inf": 4}  # all under 5 ms
+    assert 'nv_inference_first_response_histogram_ms_bucket{le="100",model="m",version="2"} 4' in text
+
+
+def test_histogram_buckets_count_cumulatively() -> None:
+    histogram = Histogram((100.0, 500.0))
+    for value in (50, 100, 101, 800):
+        histogram.observe(value)
+    assert histogram.cumulative() == [("100", 2), ("500", 3), ("+Inf", 4)]
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"nonsense": "1"}, "unknown --metrics-config setting 'nonsense'"),
+    ({"summary_latencies": "yes"}, "must be true or false"),
+    ({"summary_quantiles": "0.5"}, "summary_quantiles must look like"),
+    ({"summary_quantiles": "1.5:0.1"}, "between 0 and 1"),
+])
+def test_bad_metrics_config_is_refused(settings: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LatencySettings.from_config(settings)

@@ -56,6 +56,7 @@ class ServerOptions:
     allow_gpu_metrics: bool = True  # accepted; GPU metrics are not served yet
     metrics_address: str | None = None  # None: the HTTP address
     metrics_port: int = 8002
+    metrics_config: dict[str, str] = field(default_factory=dict)  # --metrics-config key=value
     rate_limit: str = "off"  # off | execution_count
     rate_limit_resources: dict[tuple[str, int | None], int] = field(default_factory=dict)
     server_id: str = "triton"

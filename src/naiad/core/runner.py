@@ -51,6 +51,8 @@ class InstanceRunner:
             ok = response.error is None
             self.stats.record_request(ok, end - job.enqueued_ns, start - job.enqueued_ns, compute,
                                       failure_reason(response.error))
+            if self.stats.first_response is not None:
+                self.stats.record_first_response(end - job.enqueued_ns)
         self.on_done(len(jobs))
         for job, response in zip(jobs, responses, strict=True):
             job.sink(response)
@@ -92,6 +94,7 @@ class _Delivery:
         self.jobs = jobs
         self.start = start
         self.open = set(range(len(jobs)))
+        self.unanswered = set(range(len(jobs)))  # no response sent yet (the first-response histogram)
         self.lock = threading.Lock()
 
     def send(self, index: int, result: object, final: bool) -> None:
@@ -100,8 +103,12 @@ class _Delivery:
                 raise InternalError(f"response sent for request {index} after its final response")
             if final:
                 self.open.discard(index)
+            first = index in self.unanswered
+            self.unanswered.discard(index)
         runner = self.runner
         job = self.jobs[index]
+        if first and runner.stats.first_response is not None:
+            runner.stats.record_first_response(time.monotonic_ns() - job.enqueued_ns)
         if result is None:
             response = InferResponse(runner.builder.model_name, runner.builder.version, job.request.id)
         else:

@@ -18,6 +18,7 @@ from naiad.core.model import LoadedVersion
 from naiad.core.shared_memory import Region as Region  # re-exported: frontends reach the core here
 from naiad.core.shared_memory import SharedMemoryRegistry
 from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable, Unsupported
+from naiad.observability import statistics
 from naiad.observability.logs import LogSettings
 from naiad.observability.metrics import ModelSample
 from naiad.scheduling.base import Job, Sink
@@ -43,6 +44,8 @@ EXTENSIONS = [
 class InferenceServer:
     def __init__(self, options: ServerOptions, log_settings: LogSettings | None = None) -> None:
         self.options = options
+        # Process-wide, as Triton's metrics are: set before any model version is created.
+        statistics.latency_settings = statistics.LatencySettings.from_config(options.metrics_config)
         self.models = ModelManager(options)
         self.models.host = _BackendHost(self)
         self.logging = log_settings or LogSettings()

@@ -7,21 +7,23 @@ inference pays nothing for metrics. The text is written here rather than by
 itself. Labels are printed sorted by name, as Triton's prometheus-cpp does (QA regexes rely
 on `{model="m",reason="REJECTED",version="1"}`).
 
-Not yet here (issue 7 goes on): the latency summaries and the first-response histogram
-(`--metrics-config`), response-cache and model-load metrics, GPU metrics through NVML,
-`metric_tags`, and the LLM metrics.
+`--metrics-config` switches the µs counters off and the per-phase summaries and the
+first-response histogram on (statistics.LatencySettings). Not yet here (issue 7 goes on):
+per-model histogram buckets (`model_metrics`), response-cache and model-load metrics, GPU
+metrics through NVML, `metric_tags`, and the LLM metrics.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from naiad.observability.statistics import FAILURE_REASONS, ModelStatistics
+from naiad.observability.statistics import FAILURE_REASONS, ModelStatistics, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +87,70 @@ def _number(value: float | int) -> str:
     return str(value) if isinstance(value, int) else repr(float(value))
 
 
+_SUMMARIES = {
+    "request": ("nv_inference_request_summary_us", "Summary of inference request duration in microseconds "
+                                                   "(includes cached requests)"),
+    "queue": ("nv_inference_queue_summary_us", "Summary of inference queuing duration in microseconds "
+                                               "(includes cached requests)"),
+    "compute_input": ("nv_inference_compute_input_summary_us", "Summary of compute input duration in "
+                                                               "microseconds (does not include cached requests)"),
+    "compute_infer": ("nv_inference_compute_infer_summary_us", "Summary of compute inference duration in "
+                                                               "microseconds (does not include cached requests)"),
+    "compute_output": ("nv_inference_compute_output_summary_us", "Summary of inference compute output duration "
+                                                                 "in microseconds (does not include cached "
+                                                                 "requests)"),
+}
+_FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+
+
 def render_models(samples: list[ModelSample]) -> Iterator[str]:
     """The per-model families for the loaded versions."""
     snapshots = [(sample, sample.stats.snapshot()) for sample in samples]
+    yield from _render_counters(samples, snapshots)
+    yield from _render_summaries(samples)
+    yield from _render_histograms(samples)
+
+
+def _render_summaries(samples: list[ModelSample]) -> Iterator[str]:
+    now = time.monotonic_ns()
+    rows: dict[str, list[str]] = {key: [] for key in _SUMMARIES}
+    for sample in samples:
+        model, version = sample.stats.name, sample.stats.version
+        for key, quantiles, count, total in sample.stats.summary_rows(now):
+            name = _SUMMARIES[key][0]
+            rows[key].extend(f"{name}{_labels(model=model, quantile=_number(q), version=version)} {_number(v)}"
+                             for q, v in quantiles)
+            rows[key].append(f"{name}_sum{_labels(model=model, version=version)} {_number(total)}")
+            rows[key].append(f"{name}_count{_labels(model=model, version=version)} {count}")
+    for key, (name, doc) in _SUMMARIES.items():
+        if rows[key]:
+            yield f"# HELP {name} {doc}"
+            yield f"# TYPE {name} summary"
+            yield from rows[key]
+
+
+def _render_histograms(samples: list[ModelSample]) -> Iterator[str]:
+    lines = []
+    for sample in samples:
+        histogram = sample.stats.histogram_rows()
+        if histogram is None:
+            continue
+        buckets, count, total = histogram
+        model, version = sample.stats.name, sample.stats.version
+        lines.extend(f"{_FIRST_RESPONSE}_bucket{_labels(le=bound, model=model, version=version)} {n}"
+                     for bound, n in buckets)
+        lines.append(f"{_FIRST_RESPONSE}_sum{_labels(model=model, version=version)} {_number(total)}")
+        lines.append(f"{_FIRST_RESPONSE}_count{_labels(model=model, version=version)} {count}")
+    if lines:
+        yield f"# HELP {_FIRST_RESPONSE} Duration from request to first response in milliseconds"
+        yield f"# TYPE {_FIRST_RESPONSE} histogram"
+        yield from lines
+
+
+def _render_counters(samples: list[ModelSample], snapshots: list[tuple[ModelSample, Snapshot]]) -> Iterator[str]:
     for name, doc in _COUNTERS:
+        if name in _DURATIONS and not all(sample.stats.latency.counters for sample in samples):
+            continue  # --metrics-config counter_latencies=false
         rows: list[tuple[str, float | int]] = []
         for sample, snap in snapshots:
             model, version = sample.stats.name, sample.stats.version

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,117 @@ _INFER_FIELDS = ("success", "fail", "queue", "compute_input", "compute_infer", "
 _BATCH_FIELDS = ("compute_input", "compute_infer", "compute_output")
 
 
+#: Triton's default summary quantiles, as (quantile, allowed error) pairs.
+DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
+#: Triton's default first-response histogram buckets, in ms.
+DEFAULT_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
+#: The latency families a summary observes, by the statistics field they follow.
+SUMMARY_FIELDS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+#: How long, and how many, observations a summary keeps for its quantiles (Triton's summaries
+#: also slide over the last 60 s); the count and sum cover all time.
+SUMMARY_MAX_AGE_NS = 60 * 10**9
+SUMMARY_MAX_OBSERVATIONS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySettings:
+    """What --metrics-config turns on: the µs counters (on by default), the per-phase summaries
+    and the first-response histogram (both off by default, as in Triton)."""
+
+    counters: bool = True
+    summaries: bool = False
+    quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
+    histogram: bool = False
+    buckets_ms: tuple[float, ...] = DEFAULT_BUCKETS_MS
+
+    @classmethod
+    def from_config(cls, settings: dict[str, str]) -> LatencySettings:
+        """`--metrics-config` key=value pairs: counter_latencies, summary_latencies,
+        histogram_latencies (true/false) and summary_quantiles ("0.5:0.05,0.9:0.01")."""
+        known = {"counter_latencies", "summary_latencies", "histogram_latencies", "summary_quantiles"}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ValueError(f"unknown --metrics-config setting '{unknown[0]}'")
+
+        def flag(key: str, default: bool) -> bool:
+            value = settings.get(key)
+            if value is None:
+                return default
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"--metrics-config {key} must be true or false, got {value!r}")
+            return value.lower() in ("true", "1")
+
+        quantiles = DEFAULT_QUANTILES
+        if "summary_quantiles" in settings:
+            try:
+                quantiles = tuple((float(q), float(e)) for q, e in
+                                  (pair.split(":") for pair in settings["summary_quantiles"].strip('"').split(",")))
+            except ValueError:
+                raise ValueError("--metrics-config summary_quantiles must look like 0.5:0.05,0.9:0.01") from None
+            if not all(0 <= q <= 1 for q, _ in quantiles):
+                raise ValueError("--metrics-config summary_quantiles must be between 0 and 1")
+        return cls(flag("counter_latencies", True), flag("summary_latencies", False), quantiles,
+                   flag("histogram_latencies", False))
+
+
+#: The process's settings: set once from the command line before models load (metrics are
+#: process-wide in Triton too); statistics made before that use the defaults.
+latency_settings = LatencySettings()
+
+
+class Summary:
+    """Observations in µs of the last minute (at most SUMMARY_MAX_OBSERVATIONS), plus all-time
+    count and sum; quantiles are computed exactly from the window when scraped."""
+
+    __slots__ = ("count", "sum", "window")
+
+    def __init__(self) -> None:
+        self.window: deque[tuple[int, float]] = deque(maxlen=SUMMARY_MAX_OBSERVATIONS)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, now_ns: int, value_us: float) -> None:
+        self.window.append((now_ns, value_us))
+        self.count += 1
+        self.sum += value_us
+
+    def quantiles(self, now_ns: int, wanted: tuple[tuple[float, float], ...]) -> list[tuple[float, float]]:
+        while self.window and self.window[0][0] < now_ns - SUMMARY_MAX_AGE_NS:
+            self.window.popleft()
+        values = sorted(value for _, value in self.window)
+        if not values:
+            return [(q, float("nan")) for q, _ in wanted]
+        return [(q, values[min(len(values) - 1, int(q * len(values)))]) for q, _ in wanted]
+
+
+class Histogram:
+    """Cumulative bucket counts (the last bucket is +Inf), sum and count, in ms."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value_ms: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value_ms)] += 1
+        self.count += 1
+        self.sum += value_ms
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        total, rows = 0, []
+        for bound, count in zip([*map(_bound, self.bounds), "+Inf"], self.counts, strict=True):
+            total += count
+            rows.append((bound, total))
+        return rows
+
+
+def _bound(value: float) -> str:
+    return str(int(value)) if value == int(value) else repr(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """The counters the metrics page prints, read at once under the lock."""
@@ -53,7 +166,16 @@ class ModelStatistics:
     infer: dict[str, Duration] = field(default_factory=lambda: {k: Duration() for k in _INFER_FIELDS})
     batches: dict[int, dict[str, Duration]] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
+    latency: LatencySettings = field(default_factory=lambda: latency_settings)
+    summaries: dict[str, Summary] = field(default_factory=dict)  # by SUMMARY_FIELDS, when on
+    first_response: Histogram | None = None  # when on
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.latency.summaries:
+            self.summaries = {key: Summary() for key in SUMMARY_FIELDS}
+        if self.latency.histogram:
+            self.first_response = Histogram(self.latency.buckets_ms)
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execution of `batch_size` inferences, with its compute phases in ns."""
@@ -80,11 +202,34 @@ class ModelStatistics:
             self.infer["queue"].add(queue_ns)
             for key, ns in zip(_BATCH_FIELDS, compute, strict=True):
                 self.infer[key].add(ns)
+            if self.summaries:
+                now = time.monotonic_ns()
+                for key, ns in zip(SUMMARY_FIELDS, (total_ns, queue_ns, *compute), strict=True):
+                    self.summaries[key].observe(now, ns / 1000)
+
+    def record_first_response(self, ns: int) -> None:
+        """Time from arrival to a request's first response (its only one, unless decoupled)."""
+        if self.first_response is not None:
+            with self.lock:
+                self.first_response.observe(ns / 1e6)
 
     def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
         with self.lock:
             self.infer["fail"].add(total_ns)
             self.failures[reason] += 1
+
+    def summary_rows(self, now_ns: int) -> list[tuple[str, list[tuple[float, float]], int, float]]:
+        """(field, [(quantile, µs)], count, sum µs) of each summary; [] when summaries are off."""
+        with self.lock:
+            return [(key, summary.quantiles(now_ns, self.latency.quantiles), summary.count, summary.sum)
+                    for key, summary in self.summaries.items()]
+
+    def histogram_rows(self) -> tuple[list[tuple[str, int]], int, float] | None:
+        """(cumulative buckets, count, sum ms) of the first-response histogram; None when off."""
+        if self.first_response is None:
+            return None
+        with self.lock:
+            return self.first_response.cumulative(), self.first_response.count, self.first_response.sum
 
     def snapshot(self) -> Snapshot:
         with self.lock:
