@@ -95,6 +95,7 @@ def test_counts_after_known_traffic(repo: Path, start_server: Any) -> None:
     assert 'nv_inference_request_failure{model="plain",reason="OTHER",version="1"} 1' in text
     assert values[("nv_inference_request_duration_us", _model("plain"))] > 0
     assert values[("nv_inference_queue_duration_us", _model("batched"))] > 0
+    assert 0 < values[("nv_model_load_duration_secs", _model("plain"))] < 60
     assert 0 <= values[("nv_cpu_utilization", ())] <= 1
     assert values[("nv_cpu_memory_total_bytes", ())] >= values[("nv_cpu_memory_used_bytes", ())] > 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -54,6 +55,7 @@ def start_version(
     rate_limiter: RateLimiter | None = None, host: Host | None = None,
 ) -> LoadedVersion:
     """Load one version and start its instances; raises with the reason on failure."""
+    started = time.monotonic()
     model = cls(config, version_dir, version)
     model.host = host
     loaded = LoadedVersion(name, version, config, model, model_dir, rate_limiter)
@@ -62,4 +64,5 @@ def start_version(
     except BaseException:
         model.close()
         raise
+    loaded.stats.load_duration_s = time.monotonic() - started  # nv_model_load_duration_secs
     return loaded

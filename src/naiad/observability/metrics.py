@@ -9,7 +9,7 @@ on `{model="m",reason="REJECTED",version="1"}`).
 
 `--metrics-config` switches the µs counters off and the per-phase summaries and the
 first-response histogram on (statistics.LatencySettings). Not yet here (issue 7 goes on):
-per-model histogram buckets (`model_metrics`), response-cache and model-load metrics, GPU
+per-model histogram buckets (`model_metrics`), response-cache metrics, GPU
 metrics through NVML, `metric_tags`, and the LLM metrics.
 """
 
@@ -109,6 +109,9 @@ def render_models(samples: list[ModelSample]) -> Iterator[str]:
     yield from _render_counters(samples, snapshots)
     yield from _render_summaries(samples)
     yield from _render_histograms(samples)
+    yield from _family("nv_model_load_duration_secs", "gauge", "Model load time in seconds",
+                       [(_labels(model=s.stats.name, version=s.stats.version), s.stats.load_duration_s)
+                        for s in samples if s.stats.load_duration_s is not None])
 
 
 def _render_summaries(samples: list[ModelSample]) -> Iterator[str]:

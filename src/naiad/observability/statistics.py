@@ -169,6 +169,7 @@ class ModelStatistics:
     latency: LatencySettings = field(default_factory=lambda: latency_settings)
     summaries: dict[str, Summary] = field(default_factory=dict)  # by SUMMARY_FIELDS, when on
     first_response: Histogram | None = None  # when on
+    load_duration_s: float | None = None  # set once the version has loaded
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
