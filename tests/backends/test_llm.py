@@ -148,3 +148,30 @@ def test_a_gpu_instance_runs_on_its_groups_gpu(tmp_path) -> None:
     assert model.engine_config(mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU), 0).device == "cpu"
     pinned = _model({"device": "cuda:1"}, tmp_path)
     assert pinned.engine_config(group, 0).device == "cuda:1"  # an explicit device wins
+
+
+def test_llm_metrics_count_tokens_and_time_them() -> None:
+    from naiad.backends.llm import LLMMetrics, _Request
+    from naiad.llm.engine_core import EngineStats
+
+    metrics = LLMMetrics("llm_0")
+    metrics.add_prompt(12)
+    request = _Request(lambda *a: None, lambda: False, [1] * 12, 8, None, False, False, None)  # type: ignore[arg-type]
+    request.arrival = 100.0
+    metrics.tokens_out(request, 1, 100.375)  # first token after 0.375 s (times exact in binary)
+    metrics.tokens_out(request, 1, 100.4375)  # the next 0.0625 s later
+    metrics.tokens_out(request, 2, 100.5)
+    rows = {row.name: row for row in metrics.rows()}
+    assert rows["nv_llm_prompt_tokens"].value == 12 and rows["nv_llm_generation_tokens"].value == 4
+    ttft = dict(rows["nv_llm_time_to_first_token_seconds"].buckets)
+    assert ttft["0.25"] == 0 and ttft["0.5"] == 1 and ttft["+Inf"] == 1
+    itl = dict(rows["nv_llm_inter_token_latency_seconds"].buckets)
+    assert itl["+Inf"] == 2 and itl["0.05"] == 0 and itl["0.075"] == 2
+    assert "nv_llm_kv_cache_usage" not in rows  # no engine step seen yet
+    metrics.engine = EngineStats(num_used_blocks=25, num_blocks=100, num_preemptions=3, prefix_cache_queries=200,
+                                 prefix_cache_hits=50)
+    rows = {row.name: row for row in metrics.rows()}
+    assert rows["nv_llm_kv_cache_usage"].value == 0.25
+    assert rows["nv_llm_prefix_cache_hit_rate"].value == 0.25
+    assert rows["nv_llm_preemptions"].value == 3 and rows["nv_llm_preemptions"].kind == "counter"
+    assert all(row.labels == (("instance", "llm_0"),) for row in rows.values())

@@ -187,3 +187,38 @@ def test_streamed_logprobs_cover_every_token(server: ServerProcess, prompt: str)
     assert "".join(entry["token"] for entry in entries) == "".join(event["text_output"] for event in events)
     for entry in entries:
         assert entry["logprob"] <= 0 and len(entry["top"]) == 2 and entry["top"][0]["id"] == entry["id"]
+
+
+def _llm_metrics(server: ServerProcess) -> dict[str, float]:
+    """The smollm2 series of /metrics by family name (+ bucket bound), instance label dropped."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = http(f"127.0.0.1:{server.metrics_port}", "/metrics").body.decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("model") == MODEL:
+                key = family.name + (f"@{sample.labels['le']}" if "le" in sample.labels else "")
+                key += "_count" if sample.name.endswith("_count") else ""
+                values[key] = sample.value
+    return values
+
+
+def test_llm_metrics_follow_a_generation(server: ServerProcess, prompt: str) -> None:
+    before = _llm_metrics(server)
+    answer = _generate(server, "generate", {"text_input": prompt, "max_tokens": 5, "ignore_eos": True,
+                                            "return_num_tokens": True})
+    assert answer.status == 200, answer.body
+    after = _llm_metrics(server)
+
+    def delta(key: str) -> float:
+        return after[key] - before.get(key, 0)
+
+    assert delta("nv_llm_prompt_tokens") == answer.json()["prompt_tokens"]
+    assert delta("nv_llm_generation_tokens") == 5
+    assert delta("nv_llm_time_to_first_token_seconds_count") == 1
+    assert delta("nv_llm_inter_token_latency_seconds_count") >= 1  # tokens arrive a step or more apart
+    assert 0 <= after["nv_llm_kv_cache_usage"] <= 1
+    assert 0 <= after["nv_llm_prefix_cache_hit_rate"] <= 1
+    assert after["nv_llm_preemptions"] == 0
+    assert delta("nv_inference_request_success") == 1  # the core's own counters cover the llm model too

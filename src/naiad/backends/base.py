@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.observability.metrics import MetricRow
 from naiad.types import InferRequest, InferResponse
 
 Outputs = dict[str, np.ndarray]
@@ -209,6 +210,11 @@ class ModelInstance(ABC):
     def is_ready(self) -> bool:
         """Whether the instance can serve (model-ready endpoints ask; must not block)."""
         return True
+
+    def metrics(self) -> list[MetricRow]:
+        """Backend-specific metric samples for /metrics (the core adds the model and version
+        labels); read at scrape time, from another thread, so must not block."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds."""

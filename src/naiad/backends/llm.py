@@ -39,6 +39,7 @@ import itertools
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ from naiad.llm.engine_core import (
     CoreMessage,
     EngineClient,
     EngineFailed,
+    EngineStats,
     RequestOutput,
     RequestRejected,
     StepOutputs,
@@ -64,6 +66,8 @@ from naiad.llm.engine_core import (
 from naiad.llm.sampling_params import SamplingParams
 from naiad.llm.sequence import FinishReason, TokenLogprobs
 from naiad.llm.tokenizer import IncrementalDetokenizer, Tokenizer
+from naiad.observability.metrics import MetricRow
+from naiad.observability.statistics import Histogram
 from naiad.types import InferRequest, RequestedOutput
 
 log = logging.getLogger(__name__)
@@ -117,7 +121,8 @@ class LLMModel(Model):
         params = {key: value.string_value for key, value in self.config.parameters.items()}
         engine_process = _parameter("engine_process", params.get("engine_process", "true"), bool)
         return LLMInstance(self.engine_config(group, index), self.config.name,
-                           {output.name for output in self.config.output}, engine_process=engine_process)
+                           {output.name for output in self.config.output}, engine_process=engine_process,
+                           instance_label=f"{group.name or self.config.name}_{index}")
 
     def engine_config(self, group: mc.ModelInstanceGroup | None = None, index: int = 0) -> EngineConfig:
         """The engine settings from the config's `parameters` (every EngineConfig field but `model`
@@ -222,6 +227,74 @@ class _Request:
     sent_tokens: int = 0  # output tokens already pushed through the detokenizer
     text: list[str] = field(default_factory=list)  # held back until the end when not streaming
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # for the next response that goes out
+    arrival: float = 0.0  # time.monotonic() when handed to the engine
+    last_token_at: float | None = None  # when its latest tokens arrived (None: none yet)
+
+
+#: vLLM's buckets for the same two histograms, in seconds
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+
+class LLMMetrics:
+    """One instance's LLM metrics: tokens in and out, time to first token and between tokens
+    (measured here, where the tokens reach the server), and the engine's KV use, prefix-cache
+    hit rate and preemptions (from its last step). Named like vLLM's (`vllm:prompt_tokens_total`
+    → `nv_llm_prompt_tokens`, ...) with Triton's prefix and the model, version and instance
+    labels; read at scrape time."""
+
+    def __init__(self, instance: str) -> None:
+        self.labels = (("instance", instance),)
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.engine: EngineStats | None = None
+        self._lock = threading.Lock()
+
+    def add_prompt(self, tokens: int) -> None:
+        with self._lock:
+            self.prompt_tokens += tokens
+
+    def tokens_out(self, request: _Request, count: int, now: float) -> None:
+        """`count` new tokens of `request` arrived at `now`: its first ones, or the next ones."""
+        with self._lock:
+            self.generation_tokens += count
+            if request.last_token_at is None:
+                self.ttft.observe(now - request.arrival)
+            else:
+                self.itl.observe(now - request.last_token_at)
+        request.last_token_at = now
+
+    def rows(self) -> list[MetricRow]:
+        with self._lock:
+            rows = [
+                MetricRow("nv_llm_prompt_tokens", "counter", "Prompt tokens received", self.prompt_tokens,
+                          self.labels),
+                MetricRow("nv_llm_generation_tokens", "counter", "Tokens generated", self.generation_tokens,
+                          self.labels),
+                _histogram_row("nv_llm_time_to_first_token_seconds", "Time from arrival to the first token",
+                               self.ttft, self.labels),
+                _histogram_row("nv_llm_inter_token_latency_seconds", "Time between a request's successive tokens",
+                               self.itl, self.labels),
+            ]
+        engine = self.engine
+        if engine is not None:
+            queries = engine.prefix_cache_queries
+            rows += [
+                MetricRow("nv_llm_kv_cache_usage", "gauge", "Fraction of KV-cache blocks in use [0.0 - 1.0]",
+                          engine.num_used_blocks / max(engine.num_blocks, 1), self.labels),
+                MetricRow("nv_llm_prefix_cache_hit_rate", "gauge",
+                          "Fraction of prompt tokens found in the prefix cache, since the start [0.0 - 1.0]",
+                          engine.prefix_cache_hits / queries if queries else 0.0, self.labels),
+                MetricRow("nv_llm_preemptions", "counter", "Sequences preempted for KV-cache room",
+                          engine.num_preemptions, self.labels),
+            ]
+        return rows
+
+
+def _histogram_row(name: str, doc: str, histogram: Histogram, labels: tuple[tuple[str, str], ...]) -> MetricRow:
+    return MetricRow(name, "histogram", doc, histogram.sum, labels, tuple(histogram.cumulative()))
 
 
 class LLMInstance(ModelInstance):
@@ -237,7 +310,7 @@ class LLMInstance(ModelInstance):
     gathers_inputs = False
 
     def __init__(self, config: EngineConfig, model_name: str, output_names: set[str] | None = None,
-                 engine_process: bool = True) -> None:
+                 engine_process: bool = True, instance_label: str = "0") -> None:
         self.model_name = model_name
         self.output_names = {TEXT_OUTPUT, *EXTRA_OUTPUTS} if output_names is None else output_names
         self._token_texts: dict[int, str] = {}
@@ -245,6 +318,7 @@ class LLMInstance(ModelInstance):
         self._ids = itertools.count()
         self._active: dict[str, _Request] = {}  # by engine request id
         self._lock = threading.Lock()  # guards _active: start() adds, the reader thread removes
+        self.metrics_state = LLMMetrics(instance_label)
         try:
             self.client = EngineClient(config, self._on_message, in_process=not engine_process,
                                        name=f"llm-{model_name}")
@@ -265,6 +339,8 @@ class LLMInstance(ModelInstance):
                 send(index, error, True)
                 continue
             parsed.seq_id = f"llm-{next(self._ids)}"
+            parsed.arrival = time.monotonic()
+            self.metrics_state.add_prompt(len(parsed.prompt))
             with self._lock:
                 self._active[parsed.seq_id] = parsed
             try:
@@ -282,6 +358,9 @@ class LLMInstance(ModelInstance):
 
     def is_ready(self) -> bool:
         return self.client.is_alive()
+
+    def metrics(self) -> list[MetricRow]:
+        return self.metrics_state.rows()
 
     def close(self) -> None:
         with self._lock:
@@ -381,6 +460,8 @@ class LLMInstance(ModelInstance):
     def _on_message(self, message: CoreMessage) -> None:
         """Runs on the client's reader thread, for every message of the engine core."""
         if isinstance(message, StepOutputs):
+            if message.stats is not None:
+                self.metrics_state.engine = message.stats
             for output in message.outputs:
                 with self._lock:
                     request = self._active.get(output.request_id)
@@ -419,6 +500,9 @@ class LLMInstance(ModelInstance):
         its sequence finished or a stop string ended it. Returns whether it is closed."""
         new = output.new_token_ids
         done = output.finish_reason is not None
+        if new:
+            now = time.monotonic()
+            self.metrics_state.tokens_out(request, len(new), now)
         if output.new_logprobs is not None and LOGPROBS in request.returns:
             request.logprobs.extend(self._logprobs_json(new, output.new_logprobs))
         request.sent_tokens += len(new)

@@ -17,6 +17,7 @@ from naiad.core.scheduling import make_job, make_scheduler, ragged_layout
 from naiad.core.validation import RequestValidator
 from naiad.core.warmup import run_warmup
 from naiad.errors import Unavailable
+from naiad.observability.metrics import MetricRow
 from naiad.observability.statistics import ModelStatistics
 from naiad.scheduling.base import Job, Runner, Scheduler, Sink
 from naiad.scheduling.rate_limiter import GLOBAL_DEVICE, Needs, RateLimiter
@@ -130,6 +131,10 @@ class LoadedVersion:
         self.release()
         if error is not None:
             job.sink(self.builder.error(job.request, error))
+
+    def backend_metrics(self) -> list[MetricRow]:
+        """The backend's own metrics, from every instance (an llm model's tokens, KV use...)."""
+        return [row for instance in self._instances for row in instance.metrics()]
 
     def is_ready(self) -> bool:
         """Every instance says it can serve (Python models may define is_ready())."""

@@ -230,7 +230,8 @@ class InferenceServer:
 
     def metric_samples(self) -> list[ModelSample]:
         """Every loaded version's counters and queue depth, for the metrics page."""
-        return [ModelSample(loaded.stats, loaded.pending()) for loaded in self.models.loaded()]
+        return [ModelSample(loaded.stats, loaded.pending(), tuple(loaded.backend_metrics()))
+                for loaded in self.models.loaded()]
 
     def statistics(self, name: str | None, version: int | None) -> dict[str, Any]:
         if name is None:

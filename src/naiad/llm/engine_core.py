@@ -73,8 +73,19 @@ class RequestOutput(msgspec.Struct, array_like=True):
     num_cached_tokens: int
 
 
+class EngineStats(msgspec.Struct, array_like=True):
+    """The engine's state after a step, for the server's metrics (a few ints per step)."""
+
+    num_used_blocks: int
+    num_blocks: int
+    num_preemptions: int  # since the engine started
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache, since the start
+    prefix_cache_hits: int  # of which were found
+
+
 class StepOutputs(msgspec.Struct, tag="step"):
     outputs: list[RequestOutput]
+    stats: EngineStats | None = None
 
 
 class RequestRejected(msgspec.Struct, tag="rejected"):
@@ -187,7 +198,10 @@ class EngineCore:
             self._sent[request_id] = total
             if seq.is_finished:
                 del self._active[request_id], self._sent[request_id]
-        return StepOutputs(outputs)
+        engine, blocks = self.engine, self.engine.block_manager
+        stats = EngineStats(blocks.num_used_blocks, engine.runner.num_blocks, engine.scheduler.num_preemptions,
+                            blocks.prefix_cache_queries, blocks.prefix_cache_hits)
+        return StepOutputs(outputs, stats)
 
 
 # ------------------------------------------------------------------------------- the client

@@ -31,11 +31,26 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass(frozen=True, slots=True)
+class MetricRow:
+    """One sample of a backend's own metric: a counter or gauge value, or a histogram
+    (`buckets` holds cumulative (upper bound, count) pairs ending with "+Inf", `value` the sum)."""
+
+    name: str
+    kind: str  # "counter", "gauge" or "histogram"
+    help: str
+    value: float
+    labels: tuple[tuple[str, str], ...] = ()
+    buckets: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSample:
-    """What one loaded model version contributes: its counters and its queue depth now."""
+    """What one loaded model version contributes: its counters, its queue depth now, and its
+    backend's own metrics (`MetricRow`s without the model and version labels)."""
 
     stats: ModelStatistics
     pending: int
+    extra: tuple[MetricRow, ...] = ()
 
 
 #: (name, type, help) of the per-model families, in Triton's order
@@ -112,6 +127,26 @@ def render_models(samples: list[ModelSample]) -> Iterator[str]:
     yield from _family("nv_model_load_duration_secs", "gauge", "Model load time in seconds",
                        [(_labels(model=s.stats.name, version=s.stats.version), s.stats.load_duration_s)
                         for s in samples if s.stats.load_duration_s is not None])
+    yield from _render_backend_rows(samples)
+
+
+def _render_backend_rows(samples: list[ModelSample]) -> Iterator[str]:
+    """The backends' own families, each printed once with every model's samples."""
+    families: dict[str, tuple[str, str, list[str]]] = {}
+    for sample in samples:
+        for row in sample.extra:
+            labels = {"model": sample.stats.name, "version": sample.stats.version, **dict(row.labels)}
+            _, _, lines = families.setdefault(row.name, (row.kind, row.help, []))
+            if row.kind != "histogram":
+                lines.append(f"{row.name}{_labels(**labels)} {_number(row.value)}")
+                continue
+            lines.extend(f"{row.name}_bucket{_labels(le=bound, **labels)} {count}" for bound, count in row.buckets)
+            lines.append(f"{row.name}_sum{_labels(**labels)} {_number(row.value)}")
+            lines.append(f"{row.name}_count{_labels(**labels)} {row.buckets[-1][1] if row.buckets else 0}")
+    for name, (kind, doc, lines) in families.items():
+        yield f"# HELP {name} {doc}"
+        yield f"# TYPE {name} {kind}"
+        yield from lines
 
 
 def _render_summaries(samples: list[ModelSample]) -> Iterator[str]:
