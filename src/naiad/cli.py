@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from naiad.config.options import GrpcOptions, ServerOptions
+from naiad.errors import NaiadError
 from naiad.observability.statistics import LatencySettings
+from naiad.observability.tracing import Tracer, settings_from_flags
 
 log = logging.getLogger("naiad.cli")
 
@@ -69,6 +71,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
                    help="counter_latencies, summary_latencies, histogram_latencies (true/false), "
                         "summary_quantiles=0.5:0.05,0.9:0.01,...")
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
+                   help="level=OFF|TIMESTAMPS|TENSORS, rate=N, count=N, triton,file=PATH, triton,log-frequency=N")
+    p.add_argument("--trace-file", default=None, help="deprecated: --trace-config triton,file=PATH")
+    p.add_argument("--trace-level", action="append", default=None, help="deprecated: --trace-config level=...")
+    p.add_argument("--trace-rate", default=None, help="deprecated: --trace-config rate=N")
+    p.add_argument("--trace-count", default=None, help="deprecated: --trace-config count=N")
+    p.add_argument("--trace-log-frequency", default=None, help="deprecated: --trace-config triton,log-frequency=N")
     p.add_argument("--metrics-interval-ms", type=int, default=2000,
                    help="accepted for compatibility: metrics are read at scrape time")
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off")
@@ -146,7 +155,10 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
     metrics_config = dict(item.partition("=")[::2] for item in args.metrics_config)
     try:
         LatencySettings.from_config(metrics_config)
-    except ValueError as error:
+        trace_settings = settings_from_flags(args.trace_config, args.trace_file, args.trace_level, args.trace_rate,
+                                             args.trace_count, args.trace_log_frequency)
+        Tracer(trace_settings)  # checks the values
+    except (ValueError, NaiadError) as error:
         parser.error(str(error))
     backend_config = _backend_config(args.backend_config, parser)
     default_mbs = backend_config.get("", {}).get("default-max-batch-size", "4")
@@ -178,6 +190,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         metrics_config=metrics_config,
+        trace_settings=trace_settings,
         rate_limit=args.rate_limit,
         rate_limit_resources=_rate_limit_resources(args.rate_limit_resource, parser),
         server_id=args.id,

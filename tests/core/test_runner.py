@@ -104,3 +104,23 @@ def test_the_first_response_of_each_request_feeds_the_histogram_once(monkeypatch
     assert count == 2 and buckets[-1] == ("+Inf", 2)
     assert stats.first_response is not None
     assert stats.failures["BACKEND"] == 1
+
+
+def test_a_traced_request_answered_later_gets_its_compute_stamps_at_the_final_response() -> None:
+    from naiad.observability.tracing import Trace
+
+    instance = LaterInstance()
+    runner, _, _ = _runner(instance)
+    answers: list[InferResponse] = []
+    jobs = _jobs(2, answers)
+    jobs[0].trace = Trace(1, "m", 1, "0")
+    assert runner.try_run(jobs)
+    (_, send, executed), = instance.taken
+    executed()
+    send(0, {"OUT": np.array([1], dtype=np.int32)}, False)
+    assert jobs[0].trace.timestamps == []  # not final yet
+    send(0, None, True)
+    send(1, None, True)
+    names = [name for name, _ in jobs[0].trace.timestamps]
+    assert names == ["COMPUTE_START", "COMPUTE_END"]
+    assert jobs[0].trace.timestamps[0][1] <= jobs[0].trace.timestamps[1][1]

@@ -24,8 +24,6 @@ pytestmark = pytest.mark.e2e
 
 LOG_DEFAULTS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
                 "log_verbose_level": 0, "log_format": "default"}
-TRACE = ("trace settings are not supported yet: tracing arrives with naiad's observability work "
-         "(Triton trace and OpenTelemetry)")
 
 
 @pytest.fixture
@@ -189,10 +187,12 @@ def test_logging_get_update_and_refuse_bad_values(infer_server: Any, client: Any
 # ----------------------------------------------------------------- trace and CUDA memory
 
 
-def test_trace_setting_is_unimplemented_until_tracing_arrives(client: Any) -> None:
-    assert _status(_error(client.get_trace_settings)) == ("StatusCode.UNIMPLEMENTED", TRACE)
-    assert _status(_error(client.update_trace_settings, "simple", {"trace_rate": "1"})) == (
-        "StatusCode.UNIMPLEMENTED", TRACE)
+def test_trace_settings_default_to_off(client: Any) -> None:
+    settings = client.get_trace_settings(as_json=True)["settings"]
+    assert settings["trace_level"]["value"] == ["OFF"]
+    assert settings["trace_rate"]["value"] == ["1000"] and settings["trace_mode"]["value"] == ["triton"]
+    assert _status(_error(client.get_trace_settings, "does-not-exist")) == (
+        "StatusCode.INVALID_ARGUMENT", "Request for unknown model : does-not-exist")
 
 
 def test_cuda_shared_memory_without_gpus(client: Any) -> None:

@@ -91,6 +91,10 @@ class ModelManager:
             raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return loaded
 
+    def known_names(self) -> set[str]:
+        """The models the repository has or had (loaded or not)."""
+        return {entry["name"] for entry in self.index()}
+
     def serving_versions(self, name: str) -> list[int]:
         route = self._routes.get(name)
         return sorted(route[0]) if route else []

@@ -19,6 +19,7 @@ from naiad.core.warmup import run_warmup
 from naiad.errors import Unavailable
 from naiad.observability.metrics import MetricRow
 from naiad.observability.statistics import ModelStatistics
+from naiad.observability.tracing import Trace
 from naiad.scheduling.base import Job, Runner, Scheduler, Sink
 from naiad.scheduling.rate_limiter import GLOBAL_DEVICE, Needs, RateLimiter
 from naiad.types import InferRequest
@@ -112,7 +113,7 @@ class LoadedVersion:
             if self._inflight == 0:
                 self._idle.notify_all()
 
-    def submit(self, request: InferRequest, sink: Sink) -> Job:
+    def submit(self, request: InferRequest, sink: Sink, trace: Trace | None = None) -> Job:
         """Validate and queue; the caller has acquired a slot and releases it if this raises.
 
         Returns the job, so a caller whose client went away can mark it cancelled."""
@@ -120,6 +121,9 @@ class LoadedVersion:
         if self._scheduler is None:
             raise Unavailable(f"model '{self.name}' version {self.version} is not serving")
         job = make_job(request, sink, self.batched, self.layout.ragged if self.layout else frozenset())
+        if trace is not None:
+            job.trace = trace
+            trace.stamp("QUEUE_START")
         self._scheduler.submit(job)
         return job
 

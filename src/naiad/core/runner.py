@@ -47,6 +47,10 @@ class InstanceRunner:
         end = time.monotonic_ns()
         compute = (input_end - start, infer_end - input_end, end - infer_end)
         self.stats.record_execution(batch.size, *compute)
+        for job in jobs:
+            if job.trace is not None:
+                job.trace.timestamps.extend((("COMPUTE_START", start), ("COMPUTE_INPUT_END", input_end),
+                                             ("COMPUTE_OUTPUT_START", infer_end), ("COMPUTE_END", end)))
         for job, response in zip(jobs, responses, strict=True):
             ok = response.error is None
             self.stats.record_request(ok, end - job.enqueued_ns, start - job.enqueued_ns, compute,
@@ -116,6 +120,8 @@ class _Delivery:
         response.final = final
         if final:
             now = time.monotonic_ns()
+            if job.trace is not None:
+                job.trace.timestamps.extend((("COMPUTE_START", self.start), ("COMPUTE_END", now)))
             runner.stats.record_request(response.error is None, now - job.enqueued_ns,
                                         self.start - job.enqueued_ns, (0, now - self.start, 0),
                                         failure_reason(response.error))

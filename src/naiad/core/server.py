@@ -21,6 +21,7 @@ from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable, Uns
 from naiad.observability import statistics
 from naiad.observability.logs import LogSettings
 from naiad.observability.metrics import ModelSample
+from naiad.observability.tracing import Trace, Tracer
 from naiad.scheduling.base import Job, Sink
 from naiad.types import InferRequest, InferResponse, TensorSpec
 
@@ -48,6 +49,7 @@ class InferenceServer:
         statistics.latency_settings = statistics.LatencySettings.from_config(options.metrics_config)
         self.models = ModelManager(options)
         self.models.host = _BackendHost(self)
+        self.tracer = Tracer(options.trace_settings)
         self.logging = log_settings or LogSettings()
         self.shared_memory = SharedMemoryRegistry(options.allow_client_shm)
         self.stopping = False
@@ -82,6 +84,7 @@ class InferenceServer:
         self.stopping = True
         self.models.stop_all(self.options.exit_timeout_secs if timeout is None else timeout)
         self.shared_memory.close()
+        self.tracer.flush()
 
     # -- health and metadata -----------------------------------------------------------------
 
@@ -192,7 +195,11 @@ class InferenceServer:
         try:
             if decoupled_error is not None and loaded.decoupled:
                 raise Unsupported(decoupled_error)
-            return loaded.submit(request, sink)
+            trace = self.tracer.start(loaded.name, loaded.version, request.id)
+            if trace is not None:
+                trace.stamp("REQUEST_START")
+                sink = _traced(sink, trace, self.tracer)
+            return loaded.submit(request, sink, trace)
         except BaseException as error:
             loaded.release()
             if isinstance(error, NaiadError):
@@ -227,6 +234,12 @@ class InferenceServer:
             raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
 
     # -- statistics --------------------------------------------------------------------------
+
+    def trace_settings(self, model: str | None, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trace settings in force (global, or a model's), after applying `changes`."""
+        if model is not None and model not in self.models.known_names():
+            raise InvalidArgument(f"Request for unknown model : {model}")
+        return self.tracer.get(model) if not changes else self.tracer.update(model, changes)
 
     def metric_samples(self) -> list[ModelSample]:
         """Every loaded version's counters and queue depth, for the metrics page."""
@@ -348,3 +361,17 @@ def _resolve(future: asyncio.Future[InferResponse], response: InferResponse) -> 
 
 def _spec_json(spec: TensorSpec) -> dict[str, Any]:
     return {"name": spec.name, "datatype": spec.datatype.value, "shape": list(spec.shape)}
+
+
+def _traced(sink: Sink, trace: Trace, tracer: Tracer) -> Sink:
+    """`sink`, stamping the trace's end at the final response and handing it to the writer."""
+
+    def traced(response: InferResponse) -> None:
+        if response.final:
+            trace.stamp("REQUEST_END")
+        sink(response)
+        if response.final:
+            trace.stamp("INFER_RESPONSE_COMPLETE")
+            tracer.finish(trace)
+
+    return traced

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from naiad.observability.tracing import Trace
 from naiad.types import InferRequest, InferResponse
 
 Sink = Callable[[InferResponse], None]
@@ -25,7 +26,8 @@ class Job:
     The batching fields are filled by the core when the job is made: `batch_size` (the leading
     dimension for batching models, else 1), `shape_key` (requests batch together only when their
     keys are equal), `priority` (the requested level, 0 = default), `deadline_ns` (monotonic,
-    0 = none). `cancelled` is set when nobody waits for the answer any more.
+    0 = none). `cancelled` is set when nobody waits for the answer any more; `trace` is stamped
+    along the way when the request is traced.
     """
 
     request: InferRequest
@@ -36,6 +38,7 @@ class Job:
     priority: int = 0
     deadline_ns: int = 0
     cancelled: bool = False
+    trace: Trace | None = None  # set when the request was sampled for tracing
 
 
 Runner = Callable[[list[Job]], None]

@@ -53,6 +53,20 @@ def log_changes(settings: Mapping[str, pb.LogSettingsRequest.SettingValue]) -> d
     return changes
 
 
+def trace_changes(settings: Mapping[str, pb.TraceSettingRequest.SettingValue]) -> dict[str, Any]:
+    """TraceSetting request values as the HTTP API's JSON: trace_level a list, the others a string;
+    an empty value list clears a model's setting (None)."""
+    return {key: (list(value.value) if key == "trace_level" else value.value[0]) if value.value else None
+            for key, value in settings.items()}
+
+
+def trace_settings(values: dict[str, Any]) -> pb.TraceSettingResponse:
+    response = pb.TraceSettingResponse()
+    for key, value in values.items():
+        response.settings[key].value.extend(value if isinstance(value, list) else [str(value)])
+    return response
+
+
 def log_settings(values: dict[str, Any]) -> pb.LogSettingsResponse:
     """bool settings as bool_param, numbers as uint32_param, text as string_param (SPEC §1.12)."""
     response = pb.LogSettingsResponse()

@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from naiad.core.server import InferenceServer
-from naiad.errors import InvalidArgument, NaiadError, Unsupported
+from naiad.errors import InvalidArgument, NaiadError
 from naiad.frontends import shared_memory as shm
 from naiad.frontends.grpc import infer, messages
 from naiad.frontends.grpc.codec import encode_infer_response
@@ -34,10 +34,6 @@ Response = TypeVar("Response")
 Context = CallContext
 Method = Callable[[Any, Request, Context], Awaitable[Response]]
 
-TRACE_UNSUPPORTED = (
-    "trace settings are not supported yet: tracing arrives with naiad's observability work "
-    "(Triton trace and OpenTelemetry)"
-)
 
 
 def rpc(method: Method[Request, Response]) -> Method[Request, Response]:
@@ -177,7 +173,8 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Context) -> pb.TraceSettingResponse:
-        raise Unsupported(TRACE_UNSUPPORTED)
+        model = request.model_name or None
+        return messages.trace_settings(self.server.trace_settings(model, messages.trace_changes(request.settings)))
 
     @rpc
     async def LogSettings(self, request: pb.LogSettingsRequest, context: Context) -> pb.LogSettingsResponse:

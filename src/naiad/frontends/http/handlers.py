@@ -255,6 +255,17 @@ async def post_logging(server: InferenceServer, route: Route, body: bytes, heade
     return _json(server.logging.update(changes))
 
 
+async def get_trace(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _json(server.trace_settings(route.model))
+
+
+async def post_trace(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    changes = _parse_json(body)
+    if not isinstance(changes, dict):
+        raise InvalidArgument("trace settings must be a JSON object")
+    return _json(server.trace_settings(route.model, changes))
+
+
 HANDLERS: dict[tuple[str, str], Handler] = {
     ("live", "GET"): live,
     ("ready_server", "GET"): ready_server,
@@ -270,6 +281,8 @@ HANDLERS: dict[tuple[str, str], Handler] = {
     ("index", "POST"): index,
     ("load", "POST"): load,
     ("unload", "POST"): unload,
+    ("trace", "GET"): get_trace,
+    ("trace", "POST"): post_trace,
     ("logging", "GET"): get_logging,
     ("logging", "POST"): post_logging,
     ("shm_status", "GET"): shm_status,

@@ -22,6 +22,7 @@ _MODEL = re.compile(
 _SHARED_MEMORY = re.compile(
     r"^/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/(?P<action>status|register|unregister)$"
 )
+_MODEL_TRACE = re.compile(r"^/v2/models/(?P<model>[^/]+)/trace/setting$")
 _REPOSITORY = re.compile(r"^/v2/repository(?:/[^/]+)?/models/(?P<model>[^/]+)/(?P<action>load|unload)$")
 _FIXED = {
     "/v2": "server_metadata",
@@ -31,6 +32,7 @@ _FIXED = {
     "/v2/models/stats": "stats_all",
     "/v2/repository/index": "index",
     "/v2/logging": "logging",
+    "/v2/trace/setting": "trace",
     # The OpenAI-compatible API (openai.py) shares the port.
     "/v1/models": "openai_models",
     "/v1/completions": "openai_completions",
@@ -43,6 +45,9 @@ def match(path: str) -> Route | None:
     action = _FIXED.get(path)
     if action is not None:
         return Route(action)
+    found = _MODEL_TRACE.match(path)
+    if found is not None:
+        return Route("trace", found["model"])
     found = _MODEL.match(path)
     if found is not None:
         version = found["version"]

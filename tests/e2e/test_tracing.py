@@ -1,0 +1,109 @@
+"""Triton-mode tracing in a real server: the trace settings API over HTTP and gRPC (global and
+per model, with Triton's clearing rules and errors), and the JSON trace file it writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.e2e
+
+ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+         "COMPUTE_END", "REQUEST_END", "INFER_RESPONSE_COMPLETE"]
+
+
+def _infer(url: str, request_id: str) -> None:
+    a = httpclient.InferInput("INPUT0", [1, 16], "INT32")
+    a.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    b = httpclient.InferInput("INPUT1", [1, 16], "INT32")
+    b.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+    with httpclient.InferenceServerClient(url) as client:
+        client.infer("simple", [a, b], request_id=request_id)
+
+
+def _traces(path: Path) -> list[dict[str, Any]]:
+    """Triton's file: per trace, an object with the model, then one with the timestamps."""
+    items = json.loads(path.read_text())
+    info = {item["id"]: item for item in items if "model_name" in item}
+    stamps = {item["id"]: item["timestamps"] for item in items if "timestamps" in item}
+    assert info.keys() == stamps.keys()
+    return [{**info[i], "timestamps": stamps[i]} for i in sorted(info)]
+
+
+def test_the_settings_api_over_http(example_repo: Path, start_server: Any) -> None:
+    server = start_server(["--model-repository", str(example_repo)])
+    with httpclient.InferenceServerClient(server.url) as client:
+        assert client.get_trace_settings()["trace_level"] == ["OFF"]
+        updated = client.update_trace_settings(settings={"trace_rate": "5", "trace_level": ["TIMESTAMPS"]})
+        assert updated["trace_rate"] == "5" and updated["trace_level"] == ["TIMESTAMPS"]
+        # A model starts from the global settings; its own values override them until cleared.
+        assert client.get_trace_settings("simple")["trace_rate"] == "5"
+        assert client.update_trace_settings("simple", {"trace_rate": "2"})["trace_rate"] == "2"
+        assert client.get_trace_settings()["trace_rate"] == "5"
+        assert client.update_trace_settings("simple", {"trace_rate": None})["trace_rate"] == "5"
+        for bad, message in [({"trace_rate": "0"}, "must be at least 1"), ({"trace_level": ["LOUD"]}, "trace_level"),
+                             ({"trace_mode": "opentelemetry"}, "cannot be changed"),
+                             ({"trace_count": "many"}, "must be an integer"), ({"colour": "1"}, "unknown")]:
+            with pytest.raises(InferenceServerException, match=message):
+                client.update_trace_settings(settings=bad)
+        with pytest.raises(InferenceServerException, match="Request for unknown model : does-not-exist"):
+            client.get_trace_settings("does-not-exist")
+
+
+def test_the_settings_api_over_grpc(example_repo: Path, start_server: Any) -> None:
+    server = start_server(["--model-repository", str(example_repo)])
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answer = client.update_trace_settings("simple", {"trace_count": "3", "trace_level": ["TIMESTAMPS"]},
+                                          as_json=True)["settings"]
+    assert answer["trace_count"]["value"] == ["3"] and answer["trace_level"]["value"] == ["TIMESTAMPS"]
+    cleared = client.update_trace_settings("simple", {"trace_count": None}, as_json=True)["settings"]
+    assert cleared["trace_count"]["value"] == ["-1"]
+    assert client.get_trace_settings(as_json=True)["settings"]["trace_level"]["value"] == ["OFF"]
+
+
+def test_traced_requests_are_written_at_shutdown(example_repo: Path, start_server: Any, tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(["--model-repository", str(example_repo), "--trace-config", "level=TIMESTAMPS",
+                           "--trace-config", "rate=2", "--trace-config", f"triton,file={trace_file}"])
+    for i in range(5):
+        _infer(server.url, f"req-{i}")
+    assert server.stop() == 0
+    traces = _traces(trace_file)
+    assert [t["request_id"] for t in traces] == ["req-0", "req-2", "req-4"]  # one in every 2
+    for trace in traces:
+        assert trace["model_name"] == "simple" and trace["model_version"] == 2 and trace["parent_id"] == 0  # the latest
+        names = [stamp["name"] for stamp in trace["timestamps"]]
+        assert names == ORDER
+        times = [stamp["ns"] for stamp in trace["timestamps"]]
+        assert times == sorted(times)
+
+
+def test_trace_count_and_log_frequency(example_repo: Path, start_server: Any, tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(["--model-repository", str(example_repo), "--trace-level", "TIMESTAMPS",
+                           "--trace-rate", "1", "--trace-count", "3", "--trace-file", str(trace_file),
+                           "--trace-log-frequency", "2"])
+    for i in range(6):
+        _infer(server.url, f"req-{i}")
+    # Two traces fill the first file at once; the third waits for the shutdown.
+    assert [t["request_id"] for t in _traces(tmp_path / "trace.json.0")] == ["req-0", "req-1"]
+    assert not (tmp_path / "trace.json.1").exists()
+    assert server.stop() == 0
+    assert [t["request_id"] for t in _traces(tmp_path / "trace.json.1")] == ["req-2"]  # count 3: no more
+
+
+def test_bad_trace_flags_are_usage_errors(example_repo: Path) -> None:
+    for flag in (["--trace-config", "mode=opentelemetry"], ["--trace-config", "rate=0"],
+                 ["--trace-config", "colour=blue"]):
+        done = subprocess.run([sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(example_repo),
+                               *flag], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, flag

@@ -1,0 +1,55 @@
+"""The tracer's sampling, settings and flags, without a server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from naiad.errors import InvalidArgument
+from naiad.observability.tracing import Tracer, settings_from_flags
+
+
+def _sampled(tracer: Tracer, model: str, requests: int) -> list[int]:
+    return [i for i in range(requests) if tracer.start(model, 1, str(i)) is not None]
+
+
+def test_off_by_default_then_one_in_rate_while_count_lasts() -> None:
+    tracer = Tracer()
+    assert _sampled(tracer, "m", 10) == []
+    tracer.update(None, {"trace_level": ["TIMESTAMPS"], "trace_rate": "3", "trace_count": "2"})
+    assert _sampled(tracer, "m", 10) == [0, 3]  # rate 3, then the count of 2 is spent
+    assert _sampled(tracer, "other", 4) == [0, 3]  # each model samples on its own
+
+
+def test_a_models_override_and_its_clearing() -> None:
+    tracer = Tracer({"trace_level": ["TIMESTAMPS"], "trace_rate": "4"})
+    tracer.update("m", {"trace_rate": "1"})
+    assert _sampled(tracer, "m", 3) == [0, 1, 2]
+    assert tracer.update("m", {"trace_rate": None})["trace_rate"] == "4"
+    with pytest.raises(InvalidArgument, match="cannot be cleared globally"):
+        tracer.update(None, {"trace_rate": None})
+
+
+def test_traces_go_to_the_file_at_flush(tmp_path) -> None:
+    path = tmp_path / "t.json"
+    tracer = Tracer({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": str(path)})
+    trace = tracer.start("m", 3, "abc")
+    assert trace is not None
+    trace.timestamps += [("REQUEST_END", 20), ("REQUEST_START", 10)]  # stamped out of order
+    tracer.finish(trace)
+    assert not path.exists()
+    tracer.flush()
+    info, stamps = json.loads(path.read_text())
+    assert info == {"id": trace.id, "model_name": "m", "model_version": 3, "request_id": "abc", "parent_id": 0}
+    assert [s["name"] for s in stamps["timestamps"]] == ["REQUEST_START", "REQUEST_END"]  # ordered by time
+
+
+def test_flags_map_to_settings() -> None:
+    settings = settings_from_flags(["level=TIMESTAMPS", "rate=10", "triton,file=/tmp/x", "triton,log-frequency=5",
+                                    "mode=triton"], count="7")
+    assert settings == {"trace_level": ["TIMESTAMPS"], "trace_rate": "10", "trace_file": "/tmp/x",
+                        "log_frequency": "5", "trace_count": "7"}
+    assert settings_from_flags([], levels=["TIMESTAMPS", "TENSORS"])["trace_level"] == ["TIMESTAMPS", "TENSORS"]
+    with pytest.raises(ValueError, match="not supported yet"):
+        settings_from_flags(["opentelemetry,url=http://x"])
