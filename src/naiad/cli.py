@@ -72,7 +72,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                    help="counter_latencies, summary_latencies, histogram_latencies (true/false), "
                         "summary_quantiles=0.5:0.05,0.9:0.01,...")
     p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
-                   help="level=OFF|TIMESTAMPS|TENSORS, rate=N, count=N, triton,file=PATH, triton,log-frequency=N")
+                   help="level=OFF|TIMESTAMPS|TENSORS, rate=N, count=N, triton,file=PATH, triton,log-frequency=N, "
+                        "mode=opentelemetry, opentelemetry,url=URL, opentelemetry,resource=K=V, opentelemetry,bsp_*=N")
     p.add_argument("--trace-file", default=None, help="deprecated: --trace-config triton,file=PATH")
     p.add_argument("--trace-level", action="append", default=None, help="deprecated: --trace-config level=...")
     p.add_argument("--trace-rate", default=None, help="deprecated: --trace-config rate=N")
@@ -155,8 +156,9 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
     metrics_config = dict(item.partition("=")[::2] for item in args.metrics_config)
     try:
         LatencySettings.from_config(metrics_config)
-        trace_settings = settings_from_flags(args.trace_config, args.trace_file, args.trace_level, args.trace_rate,
-                                             args.trace_count, args.trace_log_frequency)
+        trace_settings, opentelemetry = settings_from_flags(
+            args.trace_config, args.trace_file, args.trace_level, args.trace_rate, args.trace_count,
+            args.trace_log_frequency)
         Tracer(trace_settings)  # checks the values
     except (ValueError, NaiadError) as error:
         parser.error(str(error))
@@ -191,6 +193,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         metrics_port=args.metrics_port,
         metrics_config=metrics_config,
         trace_settings=trace_settings,
+        trace_opentelemetry=opentelemetry,
         rate_limit=args.rate_limit,
         rate_limit_resources=_rate_limit_resources(args.rate_limit_resource, parser),
         server_id=args.id,

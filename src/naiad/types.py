@@ -119,6 +119,8 @@ class InferRequest:
     outputs: list[RequestedOutput] | None = None
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: W3C trace context headers (traceparent, tracestate) the client sent, for OpenTelemetry
+    trace_context: dict[str, str] | None = None
 
 
 @dataclass(slots=True)

@@ -50,7 +50,7 @@ def test_the_settings_api_over_http(example_repo: Path, start_server: Any) -> No
         assert client.update_trace_settings("simple", {"trace_rate": "2"})["trace_rate"] == "2"
         assert client.get_trace_settings()["trace_rate"] == "5"
         assert client.update_trace_settings("simple", {"trace_rate": None})["trace_rate"] == "5"
-        for bad, message in [({"trace_rate": "0"}, "must be at least 1"), ({"trace_level": ["LOUD"]}, "trace_level"),
+        for bad, message in [({"trace_rate": "-1"}, "must be at least 0"), ({"trace_level": ["LOUD"]}, "trace_level"),
                              ({"trace_mode": "opentelemetry"}, "cannot be changed"),
                              ({"trace_count": "many"}, "must be an integer"), ({"colour": "1"}, "unknown")]:
             with pytest.raises(InferenceServerException, match=message):
@@ -102,7 +102,7 @@ def test_trace_count_and_log_frequency(example_repo: Path, start_server: Any, tm
 
 
 def test_bad_trace_flags_are_usage_errors(example_repo: Path) -> None:
-    for flag in (["--trace-config", "mode=opentelemetry"], ["--trace-config", "rate=0"],
+    for flag in (["--trace-config", "mode=zipkin"], ["--trace-config", "rate=-1"],
                  ["--trace-config", "colour=blue"]):
         done = subprocess.run([sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(example_repo),
                                *flag], capture_output=True, text=True, timeout=60)

@@ -46,10 +46,28 @@ def test_traces_go_to_the_file_at_flush(tmp_path) -> None:
 
 
 def test_flags_map_to_settings() -> None:
-    settings = settings_from_flags(["level=TIMESTAMPS", "rate=10", "triton,file=/tmp/x", "triton,log-frequency=5",
-                                    "mode=triton"], count="7")
+    settings, otel = settings_from_flags(["level=TIMESTAMPS", "rate=10", "triton,file=/tmp/x",
+                                          "triton,log-frequency=5", "mode=triton"], count="7")
+    assert otel is None
     assert settings == {"trace_level": ["TIMESTAMPS"], "trace_rate": "10", "trace_file": "/tmp/x",
                         "log_frequency": "5", "trace_count": "7"}
-    assert settings_from_flags([], levels=["TIMESTAMPS", "TENSORS"])["trace_level"] == ["TIMESTAMPS", "TENSORS"]
-    with pytest.raises(ValueError, match="not supported yet"):
-        settings_from_flags(["opentelemetry,url=http://x"])
+    assert settings_from_flags([], levels=["TIMESTAMPS", "TENSORS"])[0]["trace_level"] == ["TIMESTAMPS", "TENSORS"]
+    settings, otel = settings_from_flags(["mode=opentelemetry", "opentelemetry,url=http://h:4318/v1/traces",
+                                          "opentelemetry,resource=service.name=naiad", "rate=0"])
+    assert otel == {"url": "http://h:4318/v1/traces", "resource": "service.name=naiad"}
+    assert settings == {"trace_rate": "0"}
+    for bad in (["opentelemetry,colour=red"], ["mode=zipkin"], ["jaeger,url=x"]):
+        with pytest.raises(ValueError):
+            settings_from_flags(bad)
+
+
+def test_opentelemetry_mode_traces_propagated_requests_and_refuses_updates() -> None:
+    tracer = Tracer({"trace_level": ["TIMESTAMPS"], "trace_rate": "0"}, {"url": "http://127.0.0.1:9/v1/traces"})
+    assert tracer.get(None)["trace_mode"] == "opentelemetry"
+    assert tracer.start("m", 1, "a") is None  # rate 0: only what the client asks to trace
+    context = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    trace = tracer.start("m", 1, "b", context)
+    assert trace is not None and trace.context == context
+    with pytest.raises(InvalidArgument, match="opentelemetry mode"):
+        tracer.update(None, {"trace_rate": "1"})
+    tracer.flush()

@@ -58,6 +58,7 @@ class ServerOptions:
     metrics_port: int = 8002
     metrics_config: dict[str, str] = field(default_factory=dict)  # --metrics-config key=value
     trace_settings: dict[str, str | list[str]] = field(default_factory=dict)  # from --trace-config
+    trace_opentelemetry: dict[str, str] | None = None  # OpenTelemetry mode's options; None: Triton mode
     rate_limit: str = "off"  # off | execution_count
     rate_limit_resources: dict[tuple[str, int | None], int] = field(default_factory=dict)
     server_id: str = "triton"

@@ -49,7 +49,7 @@ class InferenceServer:
         statistics.latency_settings = statistics.LatencySettings.from_config(options.metrics_config)
         self.models = ModelManager(options)
         self.models.host = _BackendHost(self)
-        self.tracer = Tracer(options.trace_settings)
+        self.tracer = Tracer(options.trace_settings, options.trace_opentelemetry)
         self.logging = log_settings or LogSettings()
         self.shared_memory = SharedMemoryRegistry(options.allow_client_shm)
         self.stopping = False
@@ -195,7 +195,7 @@ class InferenceServer:
         try:
             if decoupled_error is not None and loaded.decoupled:
                 raise Unsupported(decoupled_error)
-            trace = self.tracer.start(loaded.name, loaded.version, request.id)
+            trace = self.tracer.start(loaded.name, loaded.version, request.id, request.trace_context)
             if trace is not None:
                 trace.stamp("REQUEST_START")
                 sink = _traced(sink, trace, self.tracer)

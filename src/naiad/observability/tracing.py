@@ -8,8 +8,14 @@ followed by an object with its timestamps: to `trace_file` at shutdown when `log
 else to `trace_file.<n>` every `log_frequency` traces. A request is sampled one in `trace_rate`
 (per model) while `trace_count` (-1: no limit) lasts, and only when `trace_level` is not OFF.
 
+In OpenTelemetry mode (`--trace-config mode=opentelemetry`) a finished trace becomes spans
+exported over OTLP/HTTP by the OpenTelemetry SDK's batch processor (its OTEL_* settings apply):
+an "InferRequest" span from REQUEST_START to REQUEST_END with "queue" and "compute" children,
+under the client's span when the request carried a W3C `traceparent` (such requests are always
+traced; `rate=0` traces only them). Settings cannot change at runtime in that mode, as in Triton.
+
 Not yet (issue 7 goes on): the frontends' HTTP_RECV / HTTP_SEND / GRPC_* stamps, the TENSORS
-level's tensor dumps, OpenTelemetry mode, and BLS / ensemble children joined to their parent.
+level's tensor dumps, and BLS / ensemble children joined to their parent.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Trace:
     request_id: str
     parent_id: int = 0
     timestamps: list[tuple[str, int]] = field(default_factory=list)
+    context: dict[str, str] | None = None  # the client's W3C trace context, if any
 
     def stamp(self, name: str) -> None:
         self.timestamps.append((name, time.monotonic_ns()))
@@ -63,11 +70,14 @@ class _Sampler:
 class Tracer:
     """The trace settings API's store and the traces' sampler and writer (thread-safe)."""
 
-    def __init__(self, settings: dict[str, str | list[str]] | None = None) -> None:
+    def __init__(self, settings: dict[str, str | list[str]] | None = None,
+                 opentelemetry: dict[str, str] | None = None) -> None:
+        self.mode = "opentelemetry" if opentelemetry is not None else "triton"
         self._global: dict[str, str | list[str]] = {
             "trace_file": "", "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
-            "log_frequency": "0", "trace_mode": "triton",
+            "log_frequency": "0", "trace_mode": self.mode,
         }
+        self._exporter = OtlpExporter(opentelemetry) if opentelemetry is not None else None
         self._models: dict[str, dict[str, str | list[str]]] = {}
         self._samplers: dict[str, _Sampler] = {}
         self._lock = threading.Lock()
@@ -75,7 +85,7 @@ class Tracer:
         self._buffer: list[Trace] = []
         self._files_written = 0
         if settings:
-            self.update(None, dict(settings))
+            self._apply(None, dict(settings))
 
     # -- the settings API ---------------------------------------------------------------------
 
@@ -86,6 +96,11 @@ class Tracer:
     def update(self, model: str | None, changes: dict[str, Any]) -> dict[str, str | list[str]]:
         """Apply `changes` (Triton's JSON: strings, trace_level a list; a model's `null` falls back
         to the global value) and return the settings now in force."""
+        if self.mode == "opentelemetry":
+            raise InvalidArgument("trace settings cannot be updated in opentelemetry mode")
+        return self._apply(model, changes)
+
+    def _apply(self, model: str | None, changes: dict[str, Any]) -> dict[str, str | list[str]]:
         checked = {key: _check(key, value, model is not None) for key, value in changes.items()}
         with self._lock:
             target = self._global if model is None else self._models.setdefault(model, {})
@@ -106,23 +121,34 @@ class Tracer:
 
     # -- sampling and writing -----------------------------------------------------------------
 
-    def start(self, model: str, version: int, request_id: str) -> Trace | None:
+    def start(self, model: str, version: int, request_id: str,
+              context: dict[str, str] | None = None) -> Trace | None:
         """A trace for this request when it is sampled, else None (the common, cheap case)."""
         with self._lock:
             settings = self._effective(model)
             if settings["trace_level"] == ["OFF"]:
                 return None
-            sampler = self._samplers.get(model)
-            if sampler is None:
-                sampler = self._samplers[model] = _Sampler(remaining=int(str(settings["trace_count"])))
-            sampler.seen += 1
-            if sampler.remaining == 0 or (sampler.seen - 1) % int(str(settings["trace_rate"])) != 0:
+            propagated = self._exporter is not None and context is not None and "traceparent" in context
+            if not propagated and not self._sampled(model, settings):
                 return None
-            if sampler.remaining > 0:
-                sampler.remaining -= 1
-            return Trace(next(self._ids), model, version, request_id)
+            return Trace(next(self._ids), model, version, request_id, context=context if propagated else None)
+
+    def _sampled(self, model: str, settings: dict[str, str | list[str]]) -> bool:
+        sampler = self._samplers.get(model)
+        if sampler is None:
+            sampler = self._samplers[model] = _Sampler(remaining=int(str(settings["trace_count"])))
+        sampler.seen += 1
+        rate = int(str(settings["trace_rate"]))
+        if sampler.remaining == 0 or rate == 0 or (sampler.seen - 1) % rate != 0:
+            return False
+        if sampler.remaining > 0:
+            sampler.remaining -= 1
+        return True
 
     def finish(self, trace: Trace) -> None:
+        if self._exporter is not None:
+            self._exporter.export(trace)
+            return
         with self._lock:
             self._buffer.append(trace)
             frequency = int(str(self._effective(trace.model_name)["log_frequency"]))
@@ -130,7 +156,10 @@ class Tracer:
                 self._write(self._global_file(), indexed=True)
 
     def flush(self) -> None:
-        """Write what is buffered (at shutdown)."""
+        """Write what is buffered (at shutdown); in OpenTelemetry mode, export what is queued."""
+        if self._exporter is not None:
+            self._exporter.shutdown()
+            return
         with self._lock:
             if self._buffer:
                 self._write(self._global_file(), indexed=int(str(self._global["log_frequency"])) > 0)
@@ -168,29 +197,42 @@ def _check(key: str, value: Any, for_model: bool) -> str | list[str] | None:
             number = int(value)
         except ValueError:
             raise InvalidArgument(f"trace setting '{key}' must be an integer, got {value!r}") from None
-        lowest = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}[key]
+        lowest = {"trace_rate": 0, "trace_count": -1, "log_frequency": 0}[key]
         if number < lowest:
             raise InvalidArgument(f"trace setting '{key}' must be at least {lowest}, got {value!r}")
     return value
 
 
-def settings_from_flags(trace_config: list[str], file: str | None = None, levels: list[str] | None = None,
-                        rate: str | None = None, count: str | None = None,
-                        log_frequency: str | None = None) -> dict[str, str | list[str]]:
-    """Trace settings from `--trace-config [mode,]key=value` items and the deprecated
-    --trace-file / --trace-level / --trace-rate / --trace-count / --trace-log-frequency flags.
-    Raises ValueError for what naiad does not support (OpenTelemetry mode, for now)."""
+#: `--trace-config opentelemetry,<key>=<value>` keys
+OTEL_KEYS = ("url", "resource", "bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size")
+
+
+def settings_from_flags(
+    trace_config: list[str], file: str | None = None, levels: list[str] | None = None, rate: str | None = None,
+    count: str | None = None, log_frequency: str | None = None,
+) -> tuple[dict[str, str | list[str]], dict[str, str] | None]:
+    """(trace settings, OpenTelemetry options or None for Triton mode) from `--trace-config
+    [mode,]key=value` items and the deprecated --trace-file / --trace-level / --trace-rate /
+    --trace-count / --trace-log-frequency flags. Raises ValueError for what is not understood."""
     settings: dict[str, str | list[str]] = {}
+    otel: dict[str, str] = {}
+    mode = "triton"
     names = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count", "file": "trace_file",
              "log-frequency": "log_frequency", "log_frequency": "log_frequency"}
     for item in trace_config:
-        mode, _, setting = item.rpartition(",")
+        scope, _, setting = item.partition(",") if item.split("=", 1)[0].count(",") else ("", "", item)
         key, _, value = setting.partition("=")
-        if mode not in ("", "triton"):
-            raise ValueError(f"--trace-config mode '{mode}' is not supported yet (only triton)")
+        if scope == "opentelemetry":
+            if key not in OTEL_KEYS:
+                raise ValueError(f"unknown --trace-config opentelemetry setting '{key}'")
+            otel[key] = value
+            continue
+        if scope not in ("", "triton"):
+            raise ValueError(f"unknown --trace-config mode '{scope}' (triton or opentelemetry)")
         if key == "mode":
-            if value != "triton":
-                raise ValueError(f"--trace-config mode={value} is not supported yet (only triton)")
+            if value not in ("triton", "opentelemetry"):
+                raise ValueError(f"--trace-config mode={value}: the modes are triton and opentelemetry")
+            mode = value
             continue
         if key not in names:
             raise ValueError(f"unknown --trace-config setting '{key}'")
@@ -201,4 +243,54 @@ def settings_from_flags(trace_config: list[str], file: str | None = None, levels
             settings[name] = value
     if levels:
         settings["trace_level"] = levels
-    return settings
+    return settings, (otel if mode == "opentelemetry" else None)
+
+
+class OtlpExporter:
+    """Finished traces as OpenTelemetry spans, batched and sent over OTLP/HTTP by the SDK."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        # Imported here: only this mode needs the SDK, and it takes a while to import.
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        attributes = {"service.name": "triton"}
+        if "resource" in options:
+            key, _, value = options["resource"].partition("=")
+            attributes[key] = value
+        batch = {name: int(options[key]) for key, name in (
+            ("bsp_max_queue_size", "max_queue_size"), ("bsp_schedule_delay", "schedule_delay_millis"),
+            ("bsp_max_export_batch_size", "max_export_batch_size")) if key in options}
+        exporter = OTLPSpanExporter(endpoint=options.get("url", "http://localhost:4318/v1/traces"))
+        self.provider = TracerProvider(resource=Resource.create(attributes))
+        self.provider.add_span_processor(BatchSpanProcessor(exporter, **batch))
+        self.tracer = self.provider.get_tracer("naiad")
+        # Stamps are monotonic; spans need wall-clock ns.
+        self.offset = time.time_ns() - time.monotonic_ns()
+
+    def export(self, trace: Trace) -> None:
+        from opentelemetry import trace as otel
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        stamps = {name: ns + self.offset for name, ns in trace.timestamps}
+        parent = TraceContextTextMapPropagator().extract(trace.context or {})
+        attributes = {"triton.model_name": trace.model_name, "triton.model_version": trace.model_version,
+                      "triton.request_id": trace.request_id, "triton.trace_id": trace.id}
+        root = self.tracer.start_span("InferRequest", context=parent, start_time=stamps.get("REQUEST_START"),
+                                      attributes=attributes)
+        inside = otel.set_span_in_context(root)
+        phases = (("queue", "QUEUE_START", "COMPUTE_START"), ("compute", "COMPUTE_START", "COMPUTE_END"))
+        for name, begin, end in phases:
+            if begin in stamps and end in stamps:
+                span = self.tracer.start_span(name, context=inside, start_time=stamps[begin])
+                if name == "compute":
+                    for event in ("COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START"):
+                        if event in stamps:
+                            span.add_event(event, timestamp=stamps[event])
+                span.end(end_time=stamps[end])
+        root.end(end_time=stamps.get("REQUEST_END"))
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()  # exports what the batch processor still holds

@@ -29,8 +29,12 @@ def decode(message: pb.ModelInferRequest, context: HasMetadata, forward_pattern:
     """The request, with the client metadata that --grpc-header-forward-pattern selects (read
     only when a pattern is set)."""
     request = decode_infer_request(message)
+    metadata = context.invocation_metadata() or ()
     if forward_pattern:
-        forward_headers(request.parameters, context.invocation_metadata() or (), forward_pattern)
+        forward_headers(request.parameters, metadata, forward_pattern)
+    trace = {key: value for key, value in metadata if key in ("traceparent", "tracestate") and isinstance(value, str)}
+    if "traceparent" in trace:
+        request.trace_context = trace
     return request
 
 

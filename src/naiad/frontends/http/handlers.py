@@ -85,9 +85,22 @@ async def model_infer(server: InferenceServer, route: Route, body: bytes, header
     else:
         request = decode_infer_request(body, header_length, model, route.version)
     forward_headers(request.parameters, headers, server.options.http_header_forward_pattern)
+    request.trace_context = trace_context(headers)
     if shm.uses_shared_memory(request):
         return await _infer_shared_memory(server, request)
     return _infer_reply(await _infer(server, request), request)
+
+
+def trace_context(headers: Headers) -> dict[str, str] | None:
+    """The W3C trace context headers, when the client sent a traceparent."""
+    parent = headers.get(b"traceparent")
+    if parent is None:
+        return None
+    context = {"traceparent": parent.decode("latin-1")}
+    state = headers.get(b"tracestate")
+    if state is not None:
+        context["tracestate"] = state.decode("latin-1")
+    return context
 
 
 async def _infer(server: InferenceServer, request: InferRequest) -> InferResponse:
