@@ -78,6 +78,7 @@ class Tracer:
             "log_frequency": "0", "trace_mode": self.mode,
         }
         self._exporter = OtlpExporter(opentelemetry) if opentelemetry is not None else None
+        self._all_off = True  # no level but OFF anywhere: `start` returns at once, without the lock
         self._models: dict[str, dict[str, str | list[str]]] = {}
         self._samplers: dict[str, _Sampler] = {}
         self._lock = threading.Lock()
@@ -111,6 +112,9 @@ class Tracer:
                     target[key] = value
             if "trace_count" in checked or "trace_rate" in checked or "trace_level" in checked:
                 self._samplers.clear()  # counting starts over under the new settings
+            levels = [self._global["trace_level"], *(m["trace_level"] for m in self._models.values()
+                                                      if "trace_level" in m)]
+            self._all_off = all(level == ["OFF"] for level in levels)
             return dict(self._effective(model))
 
     def _effective(self, model: str | None) -> dict[str, str | list[str]]:
@@ -124,6 +128,8 @@ class Tracer:
     def start(self, model: str, version: int, request_id: str,
               context: dict[str, str] | None = None) -> Trace | None:
         """A trace for this request when it is sampled, else None (the common, cheap case)."""
+        if self._all_off:
+            return None
         with self._lock:
             settings = self._effective(model)
             if settings["trace_level"] == ["OFF"]:
