@@ -121,6 +121,12 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     #: W3C trace context headers (traceparent, tracestate) the client sent, for OpenTelemetry
     trace_context: dict[str, str] | None = None
+    #: Tracing: stamps the frontend took before the core saw the request (HTTP_RECV_*), whether
+    #: the frontend ends the trace itself once the reply is sent (`trace_held`), and the trace
+    #: the core started when it sampled the request.
+    trace_stamps: list[tuple[str, int]] | None = None
+    trace_held: bool = False
+    trace: Any = None
 
 
 @dataclass(slots=True)

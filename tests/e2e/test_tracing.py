@@ -17,8 +17,9 @@ from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
 
-ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
-         "COMPUTE_END", "REQUEST_END", "INFER_RESPONSE_COMPLETE"]
+ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+         "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START",
+         "HTTP_SEND_END"]
 
 
 def _infer(url: str, request_id: str) -> None:
@@ -107,3 +108,21 @@ def test_bad_trace_flags_are_usage_errors(example_repo: Path) -> None:
         done = subprocess.run([sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(example_repo),
                                *flag], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, flag
+
+
+def test_a_traced_request_that_fails_is_written_too(example_repo: Path, start_server: Any, tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(["--model-repository", str(example_repo), "--trace-config", "level=TIMESTAMPS",
+                           "--trace-config", "rate=1", "--trace-config", f"triton,file={trace_file}"])
+    bad = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = httpclient.InferInput(name, [1, 15], "INT32")  # simple wants 16 values
+        tensor.set_data_from_numpy(np.ones((1, 15), dtype=np.int32))
+        bad.append(tensor)
+    with httpclient.InferenceServerClient(server.url) as client, pytest.raises(InferenceServerException):
+        client.infer("simple", bad, request_id="bad")
+    assert server.stop() == 0
+    (trace,) = _traces(trace_file)
+    assert trace["request_id"] == "bad"
+    assert [stamp["name"] for stamp in trace["timestamps"]] == [
+        "HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "HTTP_SEND_START", "HTTP_SEND_END"]

@@ -197,8 +197,11 @@ class InferenceServer:
                 raise Unsupported(decoupled_error)
             trace = self.tracer.start(loaded.name, loaded.version, request.id, request.trace_context)
             if trace is not None:
+                if request.trace_stamps:
+                    trace.timestamps.extend(request.trace_stamps)
                 trace.stamp("REQUEST_START")
-                sink = _traced(sink, trace, self.tracer)
+                request.trace = trace
+                sink = _traced(sink, trace, self.tracer, finish=not request.trace_held)
             return loaded.submit(request, sink, trace)
         except BaseException as error:
             loaded.release()
@@ -363,15 +366,17 @@ def _spec_json(spec: TensorSpec) -> dict[str, Any]:
     return {"name": spec.name, "datatype": spec.datatype.value, "shape": list(spec.shape)}
 
 
-def _traced(sink: Sink, trace: Trace, tracer: Tracer) -> Sink:
-    """`sink`, stamping the trace's end at the final response and handing it to the writer."""
+def _traced(sink: Sink, trace: Trace, tracer: Tracer, finish: bool) -> Sink:
+    """`sink`, stamping the trace's end at the final response; `finish` hands it to the writer
+    then (else the frontend does, once its reply is sent)."""
 
     def traced(response: InferResponse) -> None:
         if response.final:
+            # Both before the sink: once it runs, the frontend may send and end the trace.
             trace.stamp("REQUEST_END")
-        sink(response)
-        if response.final:
             trace.stamp("INFER_RESPONSE_COMPLETE")
+        sink(response)
+        if response.final and finish:
             tracer.finish(trace)
 
     return traced

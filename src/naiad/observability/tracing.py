@@ -2,11 +2,13 @@
 
 A sampled request carries a `Trace` that the core stamps as it goes (REQUEST_START,
 QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END, REQUEST_END,
-INFER_RESPONSE_COMPLETE, with monotonic ns). Finished traces are written in Triton's format, a
-JSON array where each trace is an object with its id, model, version, request id and parent id,
-followed by an object with its timestamps: to `trace_file` at shutdown when `log_frequency` is 0,
-else to `trace_file.<n>` every `log_frequency` traces. A request is sampled one in `trace_rate`
-(per model) while `trace_count` (-1: no limit) lasts, and only when `trace_level` is not OFF.
+INFER_RESPONSE_COMPLETE, with monotonic ns); HTTP /infer adds HTTP_RECV_START/END before and
+HTTP_SEND_START/END after, ending the trace itself once its reply is written. Finished traces
+are written in Triton's format, a JSON array where each trace is an object with its id, model,
+version, request id and parent id, followed by an object with its timestamps: to `trace_file`
+at shutdown when `log_frequency` is 0, else to `trace_file.<n>` every `log_frequency` traces.
+A request is sampled one in `trace_rate` (per model) while `trace_count` (-1: no limit) lasts,
+and only when `trace_level` is not OFF.
 
 In OpenTelemetry mode (`--trace-config mode=opentelemetry`) a finished trace becomes spans
 exported over OTLP/HTTP by the OpenTelemetry SDK's batch processor (its OTEL_* settings apply):
@@ -14,8 +16,8 @@ an "InferRequest" span from REQUEST_START to REQUEST_END with "queue" and "compu
 under the client's span when the request carried a W3C `traceparent` (such requests are always
 traced; `rate=0` traces only them). Settings cannot change at runtime in that mode, as in Triton.
 
-Not yet (issue 7 goes on): the frontends' HTTP_RECV / HTTP_SEND / GRPC_* stamps, the TENSORS
-level's tensor dumps, and BLS / ensemble children joined to their parent.
+Not yet (issue 7 goes on): the GRPC_* stamps, the TENSORS level's tensor dumps, and BLS /
+ensemble children joined to their parent.
 """
 
 from __future__ import annotations
@@ -150,6 +152,16 @@ class Tracer:
         if sampler.remaining > 0:
             sampler.remaining -= 1
         return True
+
+    def finish_sent(self, trace: Trace, protocol: str, sent: tuple[int, int]) -> None:
+        """End a trace the frontend held: its reply went out between `sent` (monotonic ns)."""
+        trace.timestamps += [(f"{protocol}_SEND_START", sent[0]), (f"{protocol}_SEND_END", sent[1])]
+        self.finish(trace)
+
+    @property
+    def active(self) -> bool:
+        """Whether any request may be traced (frontends skip their stamps otherwise)."""
+        return not self._all_off
 
     def finish(self, trace: Trace) -> None:
         if self._exporter is not None:

@@ -17,7 +17,7 @@ from naiad.frontends import shared_memory as shm
 from naiad.frontends.http import openai
 from naiad.frontends.http.codec import decode_infer_request, decode_raw_request, encode_infer_response
 from naiad.frontends.http.generate import generate, generate_stream
-from naiad.frontends.http.reply import Reply, json_reply
+from naiad.frontends.http.reply import RECEIVED, Reply, error_reply, json_reply
 from naiad.frontends.http.routes import Route
 from naiad.types import InferRequest, InferResponse
 
@@ -76,6 +76,23 @@ async def stats_all(server: InferenceServer, route: Route, body: bytes, headers:
 
 
 async def model_infer(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    if not server.tracer.active:
+        return await _model_infer(server, route, body, headers, None)
+    # Traced requests carry their HTTP_RECV stamps in and end once their reply is written.
+    received = RECEIVED.get()
+    holder: list[InferRequest] = []
+    try:
+        reply = await _model_infer(server, route, body, headers, (received, holder))
+    except NaiadError as error:
+        reply = error_reply(error)
+    trace = holder[0].trace if holder else None
+    if trace is not None:
+        reply.on_sent = lambda start, end: server.tracer.finish_sent(trace, "HTTP", (start, end))
+    return reply
+
+
+async def _model_infer(server: InferenceServer, route: Route, body: bytes, headers: Headers,
+                       tracing: tuple[tuple[int, int] | None, list[InferRequest]] | None) -> Reply:
     model = route.model or ""
     header_length = _header_length(headers)
     if header_length == 0:
@@ -85,7 +102,13 @@ async def model_infer(server: InferenceServer, route: Route, body: bytes, header
     else:
         request = decode_infer_request(body, header_length, model, route.version)
     forward_headers(request.parameters, headers, server.options.http_header_forward_pattern)
-    request.trace_context = trace_context(headers)
+    if tracing is not None:
+        received, holder = tracing
+        request.trace_context = trace_context(headers)
+        request.trace_held = True
+        if received is not None:
+            request.trace_stamps = [("HTTP_RECV_START", received[0]), ("HTTP_RECV_END", received[1])]
+        holder.append(request)
     if shm.uses_shared_memory(request):
         return await _infer_shared_memory(server, request)
     return _infer_reply(await _infer(server, request), request)

@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from urllib.parse import unquote
 
 import httptools
 
-from naiad.frontends.http.reply import Reply, StreamReply
+from naiad.frontends.http.reply import RECEIVED, Reply, StreamReply
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,12 @@ _LARGE_BODY = 64 * 1024  # above this, write head and body separately instead of
 
 
 class _Request:
-    __slots__ = ("body", "chunked_ok", "headers", "keep_alive", "method", "too_large", "url")
+    __slots__ = ("body", "chunked_ok", "completed_ns", "headers", "keep_alive", "method", "started_ns", "too_large",
+                 "url")
 
     def __init__(self) -> None:
+        self.started_ns = time.monotonic_ns()  # made when its first byte is parsed
+        self.completed_ns = 0
         self.url = b""
         self.headers: Headers = {}
         self.body: list[bytes] = []
@@ -142,6 +146,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         request = self.current
+        request.completed_ns = time.monotonic_ns()
         request.method = self.parser.get_method().decode("ascii")
         request.keep_alive = self.parser.should_keep_alive()
         request.chunked_ok = self.parser.get_http_version() != "1.0"
@@ -171,6 +176,7 @@ class HttpProtocol(asyncio.Protocol):
             else:
                 path = unquote(httptools.parse_url(request.url).path.decode("latin-1"))
                 body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
+                RECEIVED.set((request.started_ns, request.completed_ns))  # this request's own task
                 reply, extra = await self.dispatch(request.method, path, request.headers, body)
         except asyncio.CancelledError:
             return
@@ -192,11 +198,14 @@ class HttpProtocol(asyncio.Protocol):
         if transport is None:
             return
         head = _head(reply, extra, keep_alive, b"content-length: %d\r\n" % len(reply.body))
+        sending = time.monotonic_ns()
         if len(reply.body) > _LARGE_BODY:
             transport.writelines([b"".join(head), reply.body])
         else:
             head.append(reply.body)
             transport.write(b"".join(head))
+        if reply.on_sent is not None:
+            reply.on_sent(sending, time.monotonic_ns())
         if not keep_alive:
             transport.close()
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 import msgspec
@@ -17,8 +18,13 @@ HTTP_STATUS = {
 }
 
 
+#: (start, end) monotonic ns of the request being handled: when its first byte and its last
+#: byte were read (the protocol sets it in the request's own task, for HTTP_RECV_* trace stamps).
+RECEIVED: ContextVar[tuple[int, int] | None] = ContextVar("received", default=None)
+
+
 class Reply:
-    __slots__ = ("body", "content_type", "headers", "status")
+    __slots__ = ("body", "content_type", "headers", "on_sent", "status")
 
     def __init__(self, status: int = 200, body: bytes = b"", content_type: bytes = b"application/json",
                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -26,6 +32,8 @@ class Reply:
         self.body = body
         self.content_type = content_type
         self.headers = headers or []
+        #: called with (start, end) monotonic ns around the write of the reply (HTTP_SEND_* stamps)
+        self.on_sent: Callable[[int, int], None] | None = None
 
 
 class Chunks(Protocol):
