@@ -71,3 +71,12 @@ def test_opentelemetry_mode_traces_propagated_requests_and_refuses_updates() -> 
     with pytest.raises(InvalidArgument, match="opentelemetry mode"):
         tracer.update(None, {"trace_rate": "1"})
     tracer.flush()
+
+
+def test_without_a_trace_file_traces_are_not_kept() -> None:
+    tracer = Tracer({"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    for i in range(3):
+        trace = tracer.start("m", 1, str(i))
+        assert trace is not None
+        tracer.finish(trace)
+    assert tracer._buffer == []  # a long-running server would otherwise grow without end

@@ -168,6 +168,8 @@ class Tracer:
             self._exporter.export(trace)
             return
         with self._lock:
+            if not self._global_file():
+                return  # nowhere to write it: dropped now rather than kept until shutdown
             self._buffer.append(trace)
             frequency = int(str(self._effective(trace.model_name)["log_frequency"]))
             if frequency > 0 and len(self._buffer) >= frequency:
