@@ -39,6 +39,10 @@ MODELS = {
     # The two requests arrive within the delay and make exactly the preferred 9 rows.
     "batched": ("0", "dynamic_batching { preferred_batch_size: [ 9 ] max_queue_delay_microseconds: 2000000 }"),
     "overflow": ("500", "dynamic_batching { default_queue_policy { max_queue_size: 1 } }"),
+    # Custom labels, and its own first-response buckets (Triton's per-model override).
+    "tagged": ("0", 'metric_tags { key: "team" value: "search" } model_metrics { metric_control [ {'
+                    ' metric_identifier { family: "nv_inference_first_response_histogram_ms" }'
+                    ' histogram_options { buckets: [ 1, 10 ] } } ] }'),
 }
 
 
@@ -188,3 +192,21 @@ def test_an_unknown_metrics_config_setting_is_a_usage_error(repo: Path) -> None:
                            "--metrics-config", "quantum_latencies=true"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "unknown --metrics-config setting 'quantum_latencies'" in done.stderr
+
+
+def test_metric_tags_and_per_model_buckets(repo: Path, start_server: Any) -> None:
+    server = start_server(["--model-repository", str(repo), "--metrics-config", "histogram_latencies=true"])
+    _infer(server.url, "tagged", 1)
+    _infer(server.url, "plain", 1)
+    text = _scrape(server)
+    # Tags print among the labels, sorted with them.
+    assert 'nv_inference_count{model="tagged",team="search",version="1"} 1' in text
+    assert 'nv_inference_count{model="plain",version="1"} 1' in text
+    (histogram,) = [family for family in text_string_to_metric_families(text)
+                    if family.name == "nv_inference_first_response_histogram_ms"]
+    bounds: dict[str, list[str]] = {}
+    for sample in histogram.samples:
+        if sample.name.endswith("_bucket"):
+            bounds.setdefault(sample.labels["model"], []).append(sample.labels["le"])
+    assert bounds["tagged"] == ["1", "10", "+Inf"]
+    assert bounds["plain"] == ["100", "500", "2000", "5000", "+Inf"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from naiad.core.scheduling import make_job, make_scheduler, ragged_layout
 from naiad.core.validation import RequestValidator
 from naiad.core.warmup import run_warmup
 from naiad.errors import Unavailable
+from naiad.observability import statistics
 from naiad.observability.metrics import MetricRow
 from naiad.observability.statistics import ModelStatistics
 from naiad.observability.tracing import Trace
@@ -44,7 +46,8 @@ class LoadedVersion:
         self.layout = ragged_layout(config)
         self.validator = RequestValidator(name, config.max_batch_size, self.inputs, self.outputs)
         self.builder = ResponseBuilder(name, str(version), self.outputs, self.batched, _labels(config, model_dir))
-        self.stats = ModelStatistics(name, str(version))
+        self.stats = ModelStatistics(name, str(version), latency=_latency_settings(config),
+                                     tags=dict(config.metric_tags))
         self._instances: list[ModelInstance] = []
         self._scheduler: Scheduler | None = None
         self._inflight = 0
@@ -170,6 +173,19 @@ class LoadedVersion:
             except Exception:
                 log.exception("closing an instance of '%s' failed", self.name)
         self._instances.clear()
+
+
+FIRST_RESPONSE_FAMILY = "nv_inference_first_response_histogram_ms"
+
+
+def _latency_settings(config: mc.ModelConfig) -> statistics.LatencySettings:
+    """The process's latency settings, with this model's own first-response buckets when its
+    config's `model_metrics` sets them (Triton's per-model histogram override)."""
+    settings = statistics.latency_settings
+    for control in config.model_metrics.metric_control:
+        if control.metric_identifier.family == FIRST_RESPONSE_FAMILY and control.histogram_options.buckets:
+            return dataclasses.replace(settings, buckets_ms=tuple(sorted(control.histogram_options.buckets)))
+    return settings
 
 
 def _runner_class(instance: ModelInstance, decoupled: bool) -> type[InstanceRunner]:

@@ -8,9 +8,10 @@ itself. Labels are printed sorted by name, as Triton's prometheus-cpp does (QA r
 on `{model="m",reason="REJECTED",version="1"}`).
 
 `--metrics-config` switches the µs counters off and the per-phase summaries and the
-first-response histogram on (statistics.LatencySettings). Not yet here (issue 7 goes on):
-per-model histogram buckets (`model_metrics`), response-cache metrics, GPU
-metrics through NVML, `metric_tags`, and the LLM metrics.
+first-response histogram on (statistics.LatencySettings); a model's `model_metrics` sets its
+own buckets and its `metric_tags` add labels. Backends add their own families (the llm
+backend's token, latency and KV-cache metrics). Not yet here (issue 7 goes on): response-cache
+metrics and GPU metrics through NVML.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def render_models(samples: list[ModelSample]) -> Iterator[str]:
     yield from _render_summaries(samples)
     yield from _render_histograms(samples)
     yield from _family("nv_model_load_duration_secs", "gauge", "Model load time in seconds",
-                       [(_labels(model=s.stats.name, version=s.stats.version), s.stats.load_duration_s)
+                       [(_labels(**s.stats.metric_labels), s.stats.load_duration_s)
                         for s in samples if s.stats.load_duration_s is not None])
     yield from _render_backend_rows(samples)
 
@@ -135,7 +136,7 @@ def _render_backend_rows(samples: list[ModelSample]) -> Iterator[str]:
     families: dict[str, tuple[str, str, list[str]]] = {}
     for sample in samples:
         for row in sample.extra:
-            labels = {"model": sample.stats.name, "version": sample.stats.version, **dict(row.labels)}
+            labels = {**sample.stats.metric_labels, **dict(row.labels)}
             _, _, lines = families.setdefault(row.name, (row.kind, row.help, []))
             if row.kind != "histogram":
                 lines.append(f"{row.name}{_labels(**labels)} {_number(row.value)}")
@@ -153,13 +154,13 @@ def _render_summaries(samples: list[ModelSample]) -> Iterator[str]:
     now = time.monotonic_ns()
     rows: dict[str, list[str]] = {key: [] for key in _SUMMARIES}
     for sample in samples:
-        model, version = sample.stats.name, sample.stats.version
+        tags = sample.stats.metric_labels
         for key, quantiles, count, total in sample.stats.summary_rows(now):
             name = _SUMMARIES[key][0]
-            rows[key].extend(f"{name}{_labels(model=model, quantile=_number(q), version=version)} {_number(v)}"
+            rows[key].extend(f"{name}{_labels(quantile=_number(q), **tags)} {_number(v)}"
                              for q, v in quantiles)
-            rows[key].append(f"{name}_sum{_labels(model=model, version=version)} {_number(total)}")
-            rows[key].append(f"{name}_count{_labels(model=model, version=version)} {count}")
+            rows[key].append(f"{name}_sum{_labels(**tags)} {_number(total)}")
+            rows[key].append(f"{name}_count{_labels(**tags)} {count}")
     for key, (name, doc) in _SUMMARIES.items():
         if rows[key]:
             yield f"# HELP {name} {doc}"
@@ -174,11 +175,11 @@ def _render_histograms(samples: list[ModelSample]) -> Iterator[str]:
         if histogram is None:
             continue
         buckets, count, total = histogram
-        model, version = sample.stats.name, sample.stats.version
-        lines.extend(f"{_FIRST_RESPONSE}_bucket{_labels(le=bound, model=model, version=version)} {n}"
+        tags = sample.stats.metric_labels
+        lines.extend(f"{_FIRST_RESPONSE}_bucket{_labels(le=bound, **tags)} {n}"
                      for bound, n in buckets)
-        lines.append(f"{_FIRST_RESPONSE}_sum{_labels(model=model, version=version)} {_number(total)}")
-        lines.append(f"{_FIRST_RESPONSE}_count{_labels(model=model, version=version)} {count}")
+        lines.append(f"{_FIRST_RESPONSE}_sum{_labels(**tags)} {_number(total)}")
+        lines.append(f"{_FIRST_RESPONSE}_count{_labels(**tags)} {count}")
     if lines:
         yield f"# HELP {_FIRST_RESPONSE} Duration from request to first response in milliseconds"
         yield f"# TYPE {_FIRST_RESPONSE} histogram"
@@ -191,26 +192,26 @@ def _render_counters(samples: list[ModelSample], snapshots: list[tuple[ModelSamp
             continue  # --metrics-config counter_latencies=false
         rows: list[tuple[str, float | int]] = []
         for sample, snap in snapshots:
-            model, version = sample.stats.name, sample.stats.version
+            tags = sample.stats.metric_labels
             if name == "nv_inference_request_success":
-                rows.append((_labels(model=model, version=version), snap.success))
+                rows.append((_labels(**tags), snap.success))
             elif name == "nv_inference_request_failure":
-                rows.extend((_labels(model=model, reason=reason, version=version), snap.failures[reason])
+                rows.extend((_labels(reason=reason, **tags), snap.failures[reason])
                             for reason in FAILURE_REASONS)
             elif name == "nv_inference_count":
-                rows.append((_labels(model=model, version=version), snap.inference_count))
+                rows.append((_labels(**tags), snap.inference_count))
             elif name == "nv_inference_exec_count":
-                rows.append((_labels(model=model, version=version), snap.execution_count))
+                rows.append((_labels(**tags), snap.execution_count))
             else:
                 ns = snap.durations_ns[_DURATIONS[name]]
                 if name == "nv_inference_request_duration_us":
                     ns += snap.durations_ns["fail"]  # end to end covers failed requests too, as Triton
-                rows.append((_labels(model=model, version=version), ns // 1000))
+                rows.append((_labels(**tags), ns // 1000))
         yield from _family(name, "counter", doc, rows)
         if name == "nv_inference_exec_count":
             yield from _family("nv_inference_pending_request_count", "gauge",
                                "Instantaneous number of pending requests awaiting execution per-model.",
-                               [(_labels(model=s.stats.name, version=s.stats.version), s.pending)
+                               [(_labels(**s.stats.metric_labels), s.pending)
                                 for s in samples])
 
 

@@ -170,6 +170,7 @@ class ModelStatistics:
     summaries: dict[str, Summary] = field(default_factory=dict)  # by SUMMARY_FIELDS, when on
     first_response: Histogram | None = None  # when on
     load_duration_s: float | None = None  # set once the version has loaded
+    tags: dict[str, str] = field(default_factory=dict)  # config metric_tags: extra metric labels
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -218,6 +219,11 @@ class ModelStatistics:
         with self.lock:
             self.infer["fail"].add(total_ns)
             self.failures[reason] += 1
+
+    @property
+    def metric_labels(self) -> dict[str, str]:
+        """The labels of this version's metrics: its `metric_tags`, then model and version."""
+        return {**self.tags, "model": self.name, "version": self.version}
 
     def summary_rows(self, now_ns: int) -> list[tuple[str, list[tuple[float, float]], int, float]]:
         """(field, [(quantile, µs)], count, sum µs) of each summary; [] when summaries are off."""
