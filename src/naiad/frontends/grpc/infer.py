@@ -25,16 +25,21 @@ class HasMetadata(Protocol):
     def invocation_metadata(self) -> Metadata | None: ...
 
 
-def decode(message: pb.ModelInferRequest, context: HasMetadata, forward_pattern: str) -> InferRequest:
-    """The request, with the client metadata that --grpc-header-forward-pattern selects (read
-    only when a pattern is set)."""
+def decode(message: pb.ModelInferRequest, context: HasMetadata, forward_pattern: str,
+           tracing: bool = False) -> InferRequest:
+    """The request, with the client metadata that --grpc-header-forward-pattern selects and, while
+    tracing is on, the W3C trace context (the metadata is read only when one of them needs it)."""
     request = decode_infer_request(message)
+    if not (forward_pattern or tracing):
+        return request
     metadata = context.invocation_metadata() or ()
     if forward_pattern:
         forward_headers(request.parameters, metadata, forward_pattern)
-    trace = {key: value for key, value in metadata if key in ("traceparent", "tracestate") and isinstance(value, str)}
-    if "traceparent" in trace:
-        request.trace_context = trace
+    if tracing:
+        trace = {key: value for key, value in metadata
+                 if key in ("traceparent", "tracestate") and isinstance(value, str)}
+        if "traceparent" in trace:
+            request.trace_context = trace
     return request
 
 

@@ -103,7 +103,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         if self.compression is not None:
             await compress(context, self.compression)
-        decoded = infer.decode(request, context, self.forward_pattern)
+        decoded = infer.decode(request, context, self.forward_pattern, self.server.tracer.active)
         response, written = await infer.infer(self.server, decoded)
         return encode_infer_response(response, written)
 
