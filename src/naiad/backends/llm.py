@@ -2,7 +2,7 @@
 
 Like Triton's vLLM backend: the input `text_input` is the raw prompt (no chat template is
 applied here), the output `text_output` the generated text. Sampling settings come from
-optional inputs or request parameters of the same names (`REQUEST_PARAMETERS`); any other
+optional inputs or request parameters of the same names (`llm_request.REQUEST_PARAMETERS`); any other
 request parameter, besides those the server itself reads, is a 400. With `stream` true every
 step's new text is its own response; otherwise (the default, so /generate gets one answer) one
 response carries all of it. Either way a flags-only final response closes the request.
@@ -50,6 +50,7 @@ from gguf import GGUFReader
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, Model, ModelInstance, Outputs, RequestResult, ResponseSender
+from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters
 from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError, Unavailable
 from naiad.llm import gguf
 from naiad.llm.engine import EngineConfig
@@ -79,16 +80,6 @@ FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS, LOGPROBS = "finish_reason", "pr
 #: the optional outputs auto-complete declares, and their types
 EXTRA_OUTPUTS = {FINISH_REASON: mc.TYPE_STRING, PROMPT_TOKENS: mc.TYPE_INT32, COMPLETION_TOKENS: mc.TYPE_INT32,
                  LOGPROBS: mc.TYPE_STRING}
-#: the request parameters (or optional inputs) this backend reads
-REQUEST_PARAMETERS = frozenset({
-    "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "stream", "apply_chat_template",
-    "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "stop", "stop_token_ids",
-    "min_tokens", "return_finish_reason", "return_num_tokens", "return_logprobs",
-})
-#: request parameters the server itself reads and passes along; `id` is how /generate maps its
-#: key, the `triton_` ones are Triton's reserved keys
-CORE_PARAMETERS = frozenset({"id", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
-                             "binary_data_output", "headers"})
 #: vLLM clamps -inf logprobs the same way, so that they stay JSON numbers
 MIN_LOGPROB = -9999.0
 DEFAULT_MAX_TOKENS = 16  # as vLLM and OpenAI's completions
@@ -173,40 +164,6 @@ def _parameter(name: str, text: str, kind: type) -> Any:
 def load_tokenizer(model: Path) -> Tokenizer:
     """The tokenizer that comes with the engine's model (GGUF metadata or tokenizer.json)."""
     return Tokenizer.from_gguf(GGUFReader(model)) if gguf.is_gguf(model) else Tokenizer.from_dir(model)
-
-
-class StopStrings:
-    """Finds stop strings in text that arrives piece by piece.
-
-    `push` returns the text that can go out and whether a stop string was found. Text from the
-    first match on is dropped; without a match, the longest end of the text that could still
-    become a stop string is held back (a match can then never start in text already out).
-    """
-
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = stops
-        self.longest = max(map(len, stops))
-        self.pending = ""
-
-    def push(self, text: str, final: bool = False) -> tuple[str, bool]:
-        buffer = self.pending + text
-        self.pending = ""
-        found = [index for index in (buffer.find(stop) for stop in self.stops) if index >= 0]
-        if found:
-            return buffer[: min(found)], True
-        if not final:
-            held = self._held(buffer)
-            if held:
-                self.pending = buffer[-held:]
-                return buffer[:-held], False
-        return buffer, False
-
-    def _held(self, buffer: str) -> int:
-        for size in range(min(len(buffer), self.longest - 1), 0, -1):
-            tail = buffer[-size:]
-            if any(stop.startswith(tail) for stop in self.stops):
-                return size
-        return 0
 
 
 @dataclass(slots=True)
@@ -571,102 +528,3 @@ def _sender(send: ResponseSender, index: int) -> Send:
 
 def _canceller(batch: Batch, index: int) -> Callable[[], bool]:
     return lambda: batch.is_cancelled(index)
-
-
-def check_parameters(request: InferRequest) -> None:
-    """An unknown request parameter is a 400, rather than a setting silently ignored."""
-    for name in request.parameters:
-        if name not in REQUEST_PARAMETERS and name not in CORE_PARAMETERS and not name.startswith("triton_"):
-            raise InvalidArgument(f"unknown parameter '{name}'")
-
-
-class RequestValues:
-    """A request's settings by name: an input of that name, else a request parameter."""
-
-    def __init__(self, request: InferRequest) -> None:
-        self.inputs = {tensor.name: tensor.data for tensor in request.inputs}
-        self.parameters = request.parameters
-
-    def _get(self, name: str) -> Any:
-        if name in self.inputs:
-            data = np.asarray(self.inputs[name]).reshape(-1)
-            if data.size != 1:
-                raise InvalidArgument(f"input '{name}' must hold one element, got {data.size}")
-            return data[0].item() if isinstance(data[0], np.generic) else data[0]
-        return self.parameters.get(name)
-
-    def text(self, name: str) -> str:
-        value = self._get(name)
-        if value is None:
-            raise InvalidArgument(f"input '{name}' is required")
-        if isinstance(value, bytes):
-            try:
-                return value.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InvalidArgument(f"input '{name}' is not valid UTF-8") from None
-        if not isinstance(value, str):
-            raise InvalidArgument(f"'{name}' must be a string")
-        return value
-
-    def integer(self, name: str, default: int) -> int:
-        value = self.optional_integer(name)
-        return default if value is None else value
-
-    def optional_integer(self, name: str) -> int | None:
-        value = self._get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise InvalidArgument(f"'{name}' must be an integer, got {value!r}")
-        return value
-
-    def number(self, name: str, default: float) -> float:
-        value = self._get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidArgument(f"'{name}' must be a number, got {value!r}")
-        return float(value)
-
-    def boolean(self, name: str, default: bool) -> bool:
-        value = self._get(name)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise InvalidArgument(f"'{name}' must be true or false, got {value!r}")
-        return value
-
-    def strings(self, name: str) -> list[str]:
-        """A string or a list of strings (a JSON array of strings, as request parameters hold
-        no lists); [] when absent."""
-        value = self._list(name)
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
-            raise InvalidArgument(f"'{name}' must be a non-empty string or an array of non-empty strings")
-        return value
-
-    def integers(self, name: str) -> list[int]:
-        """An integer or a list of integers (a JSON array); [] when absent."""
-        value = self._list(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-            raise InvalidArgument(f"'{name}' must be an integer or an array of integers, got {value!r}")
-        return value
-
-    def _list(self, name: str) -> Any:
-        value = self._get(name)
-        if value is None:
-            return []
-        if isinstance(value, bytes):
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InvalidArgument(f"'{name}' is not valid UTF-8") from None
-        if isinstance(value, str) and value.startswith("["):
-            try:
-                decoded = json.loads(value)
-            except ValueError:
-                return value
-            if isinstance(decoded, list):
-                return decoded
-        return value

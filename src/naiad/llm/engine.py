@@ -6,6 +6,7 @@ backend and the tokenizer wrap it later.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +43,8 @@ class EngineConfig:
     enforce_eager: bool = False  # on CUDA: no CUDA graphs for decode steps
 
     def runner_config(self) -> RunnerConfig:
-        return RunnerConfig(
-            self.model, self.dtype, self.device, self.block_size, self.kv_cache_memory, self.kv_cache_fraction,
-            self.enforce_eager, self.max_num_seqs,
-        )
+        # The runner's settings are a subset of the engine's, by the same names.
+        return RunnerConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RunnerConfig)})
 
 
 class LLMEngine:
