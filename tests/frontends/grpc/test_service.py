@@ -20,6 +20,7 @@ from naiad.errors import InvalidArgument, NotFound, Unsupported
 from naiad.frontends.grpc.service import GrpcInferenceService
 from naiad.frontends.grpc.wire.router import routes
 from naiad.frontends.grpc.wire.server import WireServer
+from naiad.observability.tracing import Tracer
 from naiad.types import DataType, InferRequest, InferResponse, Tensor
 
 
@@ -29,6 +30,7 @@ class ScriptedServer:
 
     def __init__(self) -> None:
         self.requests: list[InferRequest] = []
+        self.tracer = Tracer()  # tracing off, as by default
 
     def is_decoupled(self, name: str, version: int | None) -> bool:
         if name == "nope":
