@@ -68,3 +68,12 @@ def test_batch_size_limits():
     assert too_big.endswith("inference request batch-size must be <= 8 for 'simple'")
     uneven = _error(_request(_tensor("INPUT0", (2, 16)), _tensor("INPUT1", (3, 16))))
     assert uneven.endswith("input 'INPUT1' batch size does not match other inputs for 'simple'")
+
+
+def test_inputs_the_sequence_batcher_fills_are_neither_required_nor_accepted():
+    validator = RequestValidator("simple", 8, [*INPUTS, TensorSpec("START", DataType.INT32, (-1, 1))], OUTPUTS,
+                                 frozenset({"START"}))
+    validator.validate(_request(_tensor("INPUT0", (1, 16)), _tensor("INPUT1", (1, 16))))
+    with pytest.raises(InvalidArgument, match="unexpected inference input 'START' for model 'simple'"):
+        validator.validate(_request(_tensor("INPUT0", (1, 16)), _tensor("INPUT1", (1, 16)),
+                                    _tensor("START", (1, 1))))

@@ -14,6 +14,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as pb
 
 from naiad.config.model_config import ModelConfig
+from naiad.config.sequence import check_controls, check_states
 from naiad.errors import InvalidArgument
 
 ENSEMBLE_PLATFORM = "ensemble"
@@ -139,6 +140,8 @@ def _check_sequence_batching(config: ModelConfig, name: str) -> None:
             "scheduler. Please disable the response cache."
         )
     _check_corrid(sb, name)
+    check_controls(sb, name)
+    check_states(sb, name)
     if sb.HasField("oldest"):
         for size in sb.oldest.preferred_batch_size:
             if size <= 0:

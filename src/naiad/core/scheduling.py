@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BatchInput, RaggedLayout
+from naiad.core.sequence_settings import sequence_settings
 from naiad.errors import InvalidArgument
 from naiad.scheduling.base import Drop, Job, Runner, Scheduler, Sink
 from naiad.scheduling.default import DefaultScheduler
 from naiad.scheduling.direct import DirectScheduler, can_start
 from naiad.scheduling.dynamic import BatcherSettings, DynamicBatcher, QueuePolicy
+from naiad.scheduling.sequence import SequenceBatcher
 from naiad.types import DataType, InferRequest
 
 _US = 1000
 
 
-def make_scheduler(config: mc.ModelConfig, runners: list[Runner], drop: Drop, name: str) -> Scheduler:
-    """The dynamic batcher when the config asks for it, else Triton's default scheduler (without
-    threads of its own when every instance answers later)."""
+def make_scheduler(config: mc.ModelConfig, runners: list[Runner], drop: Drop, name: str,
+                   model_dir: Path | None = None) -> Scheduler:
+    """The dynamic or sequence batcher when the config asks for one, else Triton's default
+    scheduler (without threads of its own when every instance answers later). `model_dir` holds
+    the sequence batcher's initial_state files."""
+    if config.WhichOneof("scheduling_choice") == "sequence_batching":
+        return SequenceBatcher(runners, sequence_settings(config, model_dir), drop, name=name)
     if config.WhichOneof("scheduling_choice") != "dynamic_batching":
         if runners and all(can_start(r) for r in runners):
             return DirectScheduler(runners, name=name, drop=drop)  # type: ignore[arg-type]

@@ -26,12 +26,14 @@ class RequestValidator:
     """Validates requests for one model version; built once at load time."""
 
     def __init__(self, model_name: str, max_batch_size: int, inputs: list[TensorSpec],
-                 outputs: list[TensorSpec]) -> None:
+                 outputs: list[TensorSpec], server_inputs: frozenset[str] = frozenset()) -> None:
         self.model_name = model_name
         self.max_batch_size = max_batch_size
-        self.inputs = {spec.name: spec for spec in inputs}
+        # Inputs the server fills itself (sequence control and state inputs) are neither required
+        # from clients nor accepted from them, even when the config also lists them as inputs.
+        self.inputs = {spec.name: spec for spec in inputs if spec.name not in server_inputs}
         self.outputs = {spec.name: spec for spec in outputs}
-        self.required = [spec.name for spec in inputs if not spec.optional]
+        self.required = [spec.name for spec in inputs if not spec.optional and spec.name not in server_inputs]
 
     def validate(self, request: InferRequest) -> None:
         """Raise InvalidArgument (prefixed with the request id) for the first problem found."""
