@@ -81,6 +81,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--trace-log-frequency", default=None, help="deprecated: --trace-config triton,log-frequency=N")
     p.add_argument("--metrics-interval-ms", type=int, default=2000,
                    help="accepted for compatibility: metrics are read at scrape time")
+    p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
+                   help="response cache: local,size=BYTES (models opt in with response_cache { enable: true })")
+    p.add_argument("--cache-directory", default=None,
+                   help="accepted for tritonserver compatibility: the local cache is built in")
+    p.add_argument("--response-cache-byte-size", type=int, default=None,
+                   help="deprecated: --cache-config local,size=BYTES")
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off")
     p.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]")
     p.add_argument("--id", default="triton", help="server id reported in server metadata")
@@ -198,6 +204,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         rate_limit_resources=_rate_limit_resources(args.rate_limit_resource, parser),
         server_id=args.id,
         backend_config=backend_config,
+        response_cache_bytes=_response_cache_bytes(args.cache_config, args.response_cache_byte_size, parser),
     )
 
 
@@ -211,6 +218,32 @@ def _rate_limit_resources(values: list[str], parser: argparse.ArgumentParser) ->
         device = int(parts[2]) if len(parts) == 3 else None
         resources[(parts[0], device)] = int(parts[1])
     return resources
+
+
+def _response_cache_bytes(values: list[str], byte_size: int | None, parser: argparse.ArgumentParser) -> int:
+    """The local cache's size from `--cache-config local,size=N` (or the deprecated
+    `--response-cache-byte-size N`, where 0 means no cache); 0 when neither is given."""
+    if byte_size is not None and values:
+        parser.error("Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+                     "Please provide one or the other.")
+    if byte_size is not None:
+        if byte_size < 0:
+            parser.error(f"--response-cache-byte-size must not be negative, got {byte_size}")
+        return byte_size
+    size = 0
+    for value in values:
+        cache, comma, setting = value.partition(",")
+        key, equals, item = setting.partition("=")
+        if not comma or not equals:
+            parser.error(f"--cache-config expects <cache>,<key>=<value>, got '{value}'")
+        if cache != "local":
+            parser.error(f"--cache-config: only the 'local' cache is available, got '{cache}'")
+        if key != "size":
+            parser.error(f"--cache-config: unknown setting '{key}' for the local cache (it takes size=<bytes>)")
+        if not item.isdigit() or int(item) == 0:
+            parser.error(f"--cache-config local,size must be a positive number of bytes, got '{item}'")
+        size = int(item)
+    return size
 
 
 def _backend_config(values: list[str], parser: argparse.ArgumentParser) -> dict[str, dict[str, str]]:

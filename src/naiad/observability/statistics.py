@@ -38,6 +38,9 @@ DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.
 DEFAULT_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 #: The latency families a summary observes, by the statistics field they follow.
 SUMMARY_FIELDS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+#: A model with the response cache drops the request summary (Triton does, as its figures would
+#: mislead) and observes its cache lookups instead.
+CACHE_SUMMARY_FIELDS = ("queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 #: How long, and how many, observations a summary keeps for its quantiles (Triton's summaries
 #: also slide over the last 60 s); the count and sum cover all time.
 SUMMARY_MAX_AGE_NS = 60 * 10**9
@@ -152,6 +155,8 @@ class Snapshot:
     inference_count: int
     execution_count: int
     durations_ns: dict[str, int]
+    cache_hits: int = 0
+    cache_misses: int = 0
 
 
 @dataclass(slots=True)
@@ -171,11 +176,13 @@ class ModelStatistics:
     first_response: Histogram | None = None  # when on
     load_duration_s: float | None = None  # set once the version has loaded
     tags: dict[str, str] = field(default_factory=dict)  # config metric_tags: extra metric labels
+    cache_enabled: bool = False  # the response cache serves this version (its metrics are printed)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if self.latency.summaries:
-            self.summaries = {key: Summary() for key in SUMMARY_FIELDS}
+            fields = CACHE_SUMMARY_FIELDS if self.cache_enabled else SUMMARY_FIELDS
+            self.summaries = {key: Summary() for key in fields}
         if self.latency.histogram:
             self.first_response = Histogram(self.latency.buckets_ms)
 
@@ -207,7 +214,31 @@ class ModelStatistics:
             if self.summaries:
                 now = time.monotonic_ns()
                 for key, ns in zip(SUMMARY_FIELDS, (total_ns, queue_ns, *compute), strict=True):
-                    self.summaries[key].observe(now, ns / 1000)
+                    summary = self.summaries.get(key)  # no request summary with the cache on
+                    if summary is not None:
+                        summary.observe(now, ns / 1000)
+
+    def record_cache_hit(self, total_ns: int, queue_ns: int, lookup_ns: int) -> None:
+        """A request answered from the response cache: it counts as a success (its time in
+        success and queue) and a cache hit, never as an inference or an execution."""
+        with self.lock:
+            self.infer["success"].add(total_ns)
+            self.infer["queue"].add(queue_ns)
+            self.infer["cache_hit"].add(lookup_ns)
+            if self.summaries:
+                now = time.monotonic_ns()
+                self.summaries["queue"].observe(now, queue_ns / 1000)
+                self.summaries["cache_hit"].observe(now, lookup_ns / 1000)
+
+    def record_cache_miss(self, lookup_ns: int, insert_ns: int) -> None:
+        """A successful request the cache missed: the lookup and the insertion of its response.
+        The insertion ran after record_request, so it is added to the request's duration too
+        (Triton's request duration includes the cache miss time)."""
+        with self.lock:
+            self.infer["cache_miss"].add(lookup_ns + insert_ns)
+            self.infer["success"].ns += insert_ns
+            if self.summaries:
+                self.summaries["cache_miss"].observe(time.monotonic_ns(), (lookup_ns + insert_ns) / 1000)
 
     def record_first_response(self, ns: int) -> None:
         """Time from arrival to a request's first response (its only one, unless decoupled)."""
@@ -241,7 +272,8 @@ class ModelStatistics:
     def snapshot(self) -> Snapshot:
         with self.lock:
             return Snapshot(self.infer["success"].count, dict(self.failures), self.inference_count,
-                            self.execution_count, {key: d.ns for key, d in self.infer.items()})
+                            self.execution_count, {key: d.ns for key, d in self.infer.items()},
+                            self.infer["cache_hit"].count, self.infer["cache_miss"].count)
 
     def as_dict(self) -> dict[str, Any]:
         with self.lock:
