@@ -127,6 +127,9 @@ class InferRequest:
     trace_stamps: list[tuple[str, int]] | None = None
     trace_held: bool = False
     trace: Any = None
+    #: the trace of the request this one serves (an ensemble step, a BLS call): a traced
+    #: parent's children are traced too, under its id
+    trace_parent: Any = None
 
 
 @dataclass(slots=True)

@@ -184,6 +184,8 @@ class ModelInstance(ABC):
     #: instances that run batches elsewhere (a model process) and answer from their own thread:
     #: the core calls `start` instead of `execute` / `execute_decoupled`
     answers_later: bool = False
+    #: the `reason` label of nv_inference_request_failure for a request that ran and failed
+    failure_reason: str = "BACKEND"
 
     @abstractmethod
     def execute(self, batch: Batch) -> list[RequestResult]:

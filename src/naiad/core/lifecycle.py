@@ -21,6 +21,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Host
 from naiad.config.options import ServerOptions
+from naiad.core.cache import ResponseCache
+from naiad.core.ensemble import ENSEMBLE_PLATFORM, check_steps
 from naiad.core.loader import prepare_config, start_version
 from naiad.core.model import LoadedVersion
 from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable
@@ -59,6 +61,8 @@ class ModelManager:
             RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
         )
         self.host: Host | None = None  # what backends call back into (set by the server)
+        # One cache for every model (Triton's local cache is shared too); models opt in.
+        self.response_cache = ResponseCache(options.response_cache_bytes) if options.response_cache_bytes else None
         self._records: dict[str, ModelRecord] = {}
         self._routes: dict[str, tuple[dict[int, LoadedVersion], LoadedVersion]] = {}
         self._route_lock = threading.Lock()
@@ -143,6 +147,8 @@ class ModelManager:
             reason = str(error) or type(error).__name__
             self._fail(record, {}, reason)
             raise InvalidArgument(f"load failed for model '{name}': {reason}") from None
+        if config.platform == ENSEMBLE_PLATFORM:
+            self._load_composing(record, config)
         available = version_dirs(model_dir)
         wanted = select_versions(config.version_policy, list(available))
         if not wanted:
@@ -159,6 +165,28 @@ class ModelManager:
             detail = "; ".join(f"version {v} is at UNAVAILABLE state: {r}" for v, r in sorted(failures.items()))
             raise InvalidArgument(f"load failed for model '{name}': {detail};")
         self._switch(record, started)
+
+    def _load_composing(self, record: ModelRecord, config: mc.ModelConfig) -> None:
+        """An ensemble serves only with its composing models: load those not serving yet (in
+        every control mode, as Triton does for explicit loads), then check that the steps fit them."""
+        composing: dict[int, mc.ModelConfig] = {}
+        for index, step in enumerate(config.ensemble_scheduling.step):
+            name = step.model_name
+            try:
+                if name == record.name:
+                    raise InvalidArgument("an ensemble cannot be one of its own steps")
+                if name not in self._routes:
+                    self.load(name)
+                version = step.model_version if step.model_version > 0 else None
+                composing[index] = self.get(name, version).config
+            except NaiadError as error:
+                self._fail(record, {}, f"composing model '{name}' is not available: {error}")
+                raise InvalidArgument(f"load failed for model '{record.name}': {record.error}") from None
+        try:
+            check_steps(config, composing)
+        except InvalidArgument as error:
+            self._fail(record, {}, str(error))
+            raise InvalidArgument(f"load failed for model '{record.name}': {error}") from None
 
     def _start_versions(self, record: ModelRecord, config: mc.ModelConfig, cls: Any, model_dir: Path,
                         wanted: list[int], available: dict[int, Path]
@@ -181,7 +209,7 @@ class ModelManager:
                     loaded = current.regrouped(config)  # same backend model, new instance groups
                 else:
                     loaded = start_version(record.name, version, config, cls, model_dir, version_dir,
-                                           self.rate_limiter, self.host)
+                                           self.rate_limiter, self.host, self.response_cache)
             except Exception as error:  # any failure of a backend is this version's load failure
                 log.warning("failed to load '%s' version %d: %s", record.name, version, error)
                 failures[version] = str(error) or type(error).__name__
@@ -213,9 +241,26 @@ class ModelManager:
             if version not in record.serving:
                 record.status[version] = VersionStatus("UNAVAILABLE", why)
 
-    def unload(self, name: str, timeout: float = RELOAD_DRAIN_SECS) -> None:
-        """Stop routing to `name`, drain it, release it. Unloading an unknown model succeeds."""
+    def unload(self, name: str, timeout: float = RELOAD_DRAIN_SECS, dependents: bool = False) -> None:
+        """Stop routing to `name`, drain it, release it. Unloading an unknown model succeeds.
+        With `dependents` (unload_dependents), an ensemble's composing models go too, unless
+        another serving ensemble still uses them."""
         _check_name(name)
+        composing = self._composing(name) if dependents else []
+        self._unload(name, timeout)
+        still_used = {step for other in self.loaded() for step in self._composing(other.name)}
+        for step in composing:
+            if step not in still_used:
+                self._unload(step, timeout)
+
+    def _composing(self, name: str) -> list[str]:
+        """The models an ensemble's steps call (empty for other models and unknown names)."""
+        route = self._routes.get(name)
+        if route is None or route[1].config.platform != ENSEMBLE_PLATFORM:
+            return []
+        return sorted({step.model_name for step in route[1].config.ensemble_scheduling.step})
+
+    def _unload(self, name: str, timeout: float) -> None:
         with self._model_lock(name):
             record = self._records.get(name)
             if record is None:
@@ -279,7 +324,7 @@ class ModelManager:
         """Unload everything; `timeout` bounds the whole shutdown, not each model."""
         deadline = time.monotonic() + timeout
         for name in list(self._records):
-            self.unload(name, max(deadline - time.monotonic(), 0.0))
+            self._unload(name, max(deadline - time.monotonic(), 0.0))
 
     # -- index and readiness -----------------------------------------------------------------
 

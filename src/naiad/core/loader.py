@@ -13,6 +13,8 @@ from naiad.config.autocomplete import fill_defaults, resolve_backend
 from naiad.config.model_config import read_model_config
 from naiad.config.options import ServerOptions
 from naiad.config.validate import validate_config
+from naiad.core.cache import ResponseCache
+from naiad.core.ensemble import ENSEMBLE_PLATFORM, EnsembleModel
 from naiad.core.model import LoadedVersion
 from naiad.errors import InvalidArgument
 from naiad.repository.local import version_dirs
@@ -37,7 +39,7 @@ def prepare_config(
     versions = version_dirs(model_dir)
     first = versions[min(versions)] if versions else None
     resolve_backend(config, model_dir, first, model_name=name)
-    cls = backend_class(config.backend)
+    cls = EnsembleModel if config.platform == ENSEMBLE_PLATFORM else backend_class(config.backend)
     made_batching = False
     if options.auto_complete_config and first is not None:
         settings = {"default_max_batch_size": options.default_max_batch_size,
@@ -53,12 +55,13 @@ def prepare_config(
 def start_version(
     name: str, version: int, config: mc.ModelConfig, cls: type[Model], model_dir: Path, version_dir: Path,
     rate_limiter: RateLimiter | None = None, host: Host | None = None,
+    response_cache: ResponseCache | None = None,
 ) -> LoadedVersion:
     """Load one version and start its instances; raises with the reason on failure."""
     started = time.monotonic()
     model = cls(config, version_dir, version)
     model.host = host
-    loaded = LoadedVersion(name, version, config, model, model_dir, rate_limiter)
+    loaded = LoadedVersion(name, version, config, model, model_dir, rate_limiter, response_cache)
     try:
         loaded.start()
     except BaseException:

@@ -12,9 +12,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Model, ModelInstance
 from naiad.config.model_config import tensor_specs
+from naiad.core.cache import ModelCache, ResponseCache, serves
 from naiad.core.responses import ResponseBuilder
 from naiad.core.runner import AsyncRunner, DecoupledRunner, InstanceRunner
 from naiad.core.scheduling import make_job, make_scheduler, ragged_layout
+from naiad.core.sequence_settings import sequence_inputs, state_output_specs
 from naiad.core.validation import RequestValidator
 from naiad.core.warmup import run_warmup
 from naiad.errors import Unavailable
@@ -33,7 +35,7 @@ class LoadedVersion:
     """One version of one model, ready to serve once `start()` returns."""
 
     def __init__(self, name: str, version: int, config: mc.ModelConfig, model: Model, model_dir: Path,
-                 rate_limiter: RateLimiter | None = None) -> None:
+                 rate_limiter: RateLimiter | None = None, response_cache: ResponseCache | None = None) -> None:
         self.rate_limiter = rate_limiter
         self.name = name
         self.version = version
@@ -44,10 +46,19 @@ class LoadedVersion:
         self.batched = config.max_batch_size > 0
         self.decoupled = config.model_transaction_policy.decoupled
         self.layout = ragged_layout(config)
-        self.validator = RequestValidator(name, config.max_batch_size, self.inputs, self.outputs)
-        self.builder = ResponseBuilder(name, str(version), self.outputs, self.batched, _labels(config, model_dir))
+        # Sequence control and state inputs come from the sequence batcher, never from clients;
+        # state outputs travel back to it even when the config does not declare them.
+        self.validator = RequestValidator(name, config.max_batch_size, self.inputs, self.outputs,
+                                          sequence_inputs(config))
+        self.builder = ResponseBuilder(name, str(version), self.outputs + state_output_specs(config), self.batched,
+                                       _labels(config, model_dir))
+        cached = response_cache is not None and serves(config)
         self.stats = ModelStatistics(name, str(version), latency=_latency_settings(config),
-                                     tags=dict(config.metric_tags))
+                                     tags=dict(config.metric_tags), cache_enabled=cached)
+        # Only when both the server (--cache-config) and the config enable it: None costs the
+        # hot path one attribute check.
+        self.cache = (ModelCache(response_cache, self.stats, self.builder)
+                      if cached and response_cache is not None else None)
         self._instances: list[ModelInstance] = []
         self._scheduler: Scheduler | None = None
         self._inflight = 0
@@ -58,7 +69,8 @@ class LoadedVersion:
     def regrouped(self, config: mc.ModelConfig) -> LoadedVersion:
         """A started copy with `config`'s instance groups that shares this version's backend model
         (nothing is reloaded from disk). It owns the model only once it replaces this one."""
-        successor = LoadedVersion(self.name, self.version, config, self.model, self.model_dir, self.rate_limiter)
+        successor = LoadedVersion(self.name, self.version, config, self.model, self.model_dir, self.rate_limiter,
+                                  self.cache.store if self.cache is not None else None)
         successor.owns_model = False
         successor.start()
         successor.fingerprint = self.fingerprint
@@ -71,24 +83,32 @@ class LoadedVersion:
     def start(self) -> None:
         """Create every instance, warm each up, then start scheduling; on failure release them all."""
         try:
-            for group in self.config.instance_group:
+            for group in self._groups():
                 for index in range(group.count):
                     instance = self.model.create_instance(group, index)
                     self._instances.append(instance)
                     run_warmup(instance, self.config, self.model_dir)
             runners = self._runners()
+            # Inside the try: a sequence batcher whose initial_state file is unreadable fails here.
+            scheduler = make_scheduler(self.config, runners, self._drop, f"{self.name}-{self.version}",
+                                       self.model_dir)
         except BaseException:
             self._close_instances()
             raise
-        self._scheduler = make_scheduler(self.config, runners, self._drop, f"{self.name}-{self.version}")
+        self._scheduler = scheduler
         self._scheduler.start()
+
+    def _groups(self) -> list[mc.ModelInstanceGroup]:
+        """The config's instance groups; an ensemble has none and gets one instance (its steps
+        run on their own models' instances)."""
+        return list(self.config.instance_group) or [mc.ModelInstanceGroup(name=self.name, count=1)]
 
     def _runners(self) -> list[Runner]:
         runners: list[Runner] = [
             _runner_class(i, self.decoupled)(i, self.builder, self.stats, self.batched, self.release, self.layout)
             for i in self._instances
         ]
-        if self.rate_limiter is None:
+        if self.rate_limiter is None or not self.config.instance_group:
             return runners
         return [self.rate_limiter.wrap(r, needs) for r, needs in zip(runners, self._needs(), strict=True)]
 
@@ -124,6 +144,8 @@ class LoadedVersion:
         if self._scheduler is None:
             raise Unavailable(f"model '{self.name}' version {self.version} is not serving")
         job = make_job(request, sink, self.batched, self.layout.ragged if self.layout else frozenset())
+        if self.cache is not None and self.cache.answer(job, self.release):
+            return job  # a cache hit: answered without queueing or computing
         if trace is not None:
             job.trace = trace
             trace.stamp("QUEUE_START")

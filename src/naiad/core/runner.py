@@ -16,9 +16,9 @@ from naiad.scheduling.base import Job
 from naiad.types import InferResponse
 
 
-def failure_reason(error: Exception | None) -> str:
-    """The metrics' reason for a request that executed and failed."""
-    return "CANCELED" if isinstance(error, Cancelled) else "BACKEND"
+def failure_reason(error: Exception | None, instance: ModelInstance) -> str:
+    """The metrics' reason for a request that executed and failed (ensembles say OTHER)."""
+    return "CANCELED" if isinstance(error, Cancelled) else instance.failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class InstanceRunner:
         for job, response in zip(jobs, responses, strict=True):
             ok = response.error is None
             self.stats.record_request(ok, end - job.enqueued_ns, start - job.enqueued_ns, compute,
-                                      failure_reason(response.error))
+                                      failure_reason(response.error, self.instance))
             if self.stats.first_response is not None:
                 self.stats.record_first_response(end - job.enqueued_ns)
         self.on_done(len(jobs))
@@ -124,7 +124,7 @@ class _Delivery:
                 job.trace.timestamps.extend((("COMPUTE_START", self.start), ("COMPUTE_END", now)))
             runner.stats.record_request(response.error is None, now - job.enqueued_ns,
                                         self.start - job.enqueued_ns, (0, now - self.start, 0),
-                                        failure_reason(response.error))
+                                        failure_reason(response.error, runner.instance))
             runner.on_done(1)
         job.sink(response)
 

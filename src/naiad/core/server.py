@@ -31,6 +31,7 @@ DECOUPLED_ERROR = "this endpoint doesn't support models with decoupled transacti
 
 EXTENSIONS = [
     "classification",
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
     "model_configuration",
@@ -192,14 +193,19 @@ class InferenceServer:
 
     def _submit(self, request: InferRequest, sink: Sink, decoupled_error: str | None) -> Job:
         loaded = self.models.acquire(request.model_name, request.model_version)
+        if log.isEnabledFor(logging.DEBUG):  # per-request lines at --log-verbose only, never formatted otherwise
+            log.debug("infer request '%s' for model '%s' version %d: inputs %s", request.id, loaded.name,
+                      loaded.version, [(t.name, t.datatype.value, list(t.shape)) for t in request.inputs])
         try:
             if decoupled_error is not None and loaded.decoupled:
                 raise Unsupported(decoupled_error)
-            trace = self.tracer.start(loaded.name, loaded.version, request.id, request.trace_context)
+            trace = self.tracer.start(loaded.name, loaded.version, request.id, request.trace_context,
+                                      request.trace_parent)
             if trace is not None:
                 if request.trace_stamps:
                     trace.timestamps.extend(request.trace_stamps)
                 trace.stamp("REQUEST_START")
+                trace.record("TENSOR_QUEUE_INPUT", request.inputs)
                 request.trace = trace
                 sink = _traced(sink, trace, self.tracer, finish=not request.trace_held)
             return loaded.submit(request, sink, trace)
@@ -230,7 +236,7 @@ class InferenceServer:
     def unload_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Blocking: run it off the event loop."""
         self._require_explicit()
-        self.models.unload(name)
+        self.models.unload(name, dependents=parameters.get("unload_dependents") is True)
 
     def _require_explicit(self) -> None:
         if self.options.model_control_mode != "explicit":
@@ -371,6 +377,8 @@ def _traced(sink: Sink, trace: Trace, tracer: Tracer, finish: bool) -> Sink:
     then (else the frontend does, once its reply is sent)."""
 
     def traced(response: InferResponse) -> None:
+        if response.outputs:
+            trace.record("TENSOR_BACKEND_OUTPUT", response.outputs)
         if response.final:
             # Both before the sink: once it runs, the frontend may send and end the trace.
             trace.stamp("REQUEST_END")
