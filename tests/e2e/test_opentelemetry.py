@@ -120,3 +120,32 @@ def test_sampled_grpc_requests_are_exported_too(example_repo: Path, start_server
     spans = _tree(receiver.wait_for(3))
     assert spans["InferRequest"].trace_id.hex() == TRACE_ID
     assert spans["InferRequest"].parent_span_id.hex() == CLIENT_SPAN
+
+
+def test_ensemble_steps_are_spans_under_the_ensemble_span(tmp_path: Path, start_server: Any,
+                                                         receiver: Receiver) -> None:
+    from e2e.test_ensemble import DIAMOND, _write_repo
+
+    _write_repo(tmp_path, {"diamond": DIAMOND})
+    server = start_server(["--model-repository", str(tmp_path), "--trace-config", "mode=opentelemetry",
+                           "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=0",
+                           "--trace-config", f"opentelemetry,url={receiver.url}"])
+    tensors = []
+    for name in ("A", "B"):
+        tensor = httpclient.InferInput(name, [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+        tensors.append(tensor)
+    with httpclient.InferenceServerClient(server.url) as client:
+        client.infer("diamond", tensors, headers={"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"})
+    assert server.stop() == 0
+    spans = receiver.wait_for(9)  # three requests (the ensemble, its two steps), three spans each
+    requests = [s for s in spans if s.name == "InferRequest"]
+    models = {s.span_id: {a.key: a.value for a in s.attributes}["triton.model_name"].string_value for s in requests}
+    (root,) = [s for s in requests if models[s.span_id] == "diamond"]
+    steps = [s for s in requests if s is not root]
+    assert root.parent_span_id.hex() == CLIENT_SPAN
+    assert [models[s.span_id] for s in steps] == ["add_sub", "add_sub"]
+    assert all(s.parent_span_id == root.span_id and s.trace_id.hex() == TRACE_ID for s in steps)
+    for request in requests:
+        assert sorted(s.name for s in spans if s.parent_span_id == request.span_id
+                      and s.name != "InferRequest") == ["compute", "queue"]

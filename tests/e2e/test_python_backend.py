@@ -144,6 +144,29 @@ def test_bls_calls_an_onnx_model(server: ServerProcess, protocol: str) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.arange(16, dtype=np.int32) - 2)
 
 
+def test_a_bls_call_given_the_request_trace_joins_it(server: ServerProcess, tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    with httpclient.InferenceServerClient(server.url) as http:
+        http.update_trace_settings(settings={"trace_file": str(trace_file), "log_frequency": "1"})
+        http.update_trace_settings("bls", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+        try:
+            _bls(server, "simple")
+        finally:
+            http.update_trace_settings("bls", {"trace_level": None, "trace_rate": None})
+    deadline = time.monotonic() + WAIT
+    traces: dict[int, dict[str, Any]] = {}
+    while time.monotonic() < deadline:  # one file per trace; the caller's is written once its reply is out
+        for path in tmp_path.glob("trace.json.*"):
+            for item in json.loads(path.read_text()):
+                traces.setdefault(item["id"], {}).update(item)
+        if {t.get("model_name") for t in traces.values()} >= {"bls", "simple"}:
+            break
+        time.sleep(0.05)
+    (parent,) = [t for t in traces.values() if t.get("model_name") == "bls"]
+    (child,) = [t for t in traces.values() if t.get("model_name") == "simple"]
+    assert parent["parent_id"] == 0 and child["parent_id"] == parent["id"]
+
+
 def test_bls_streams_from_a_decoupled_model(server: ServerProcess) -> None:
     result = _bls(server, "repeat_py")
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.arange(16, dtype=np.int32))

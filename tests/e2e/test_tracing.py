@@ -126,3 +126,59 @@ def test_a_traced_request_that_fails_is_written_too(example_repo: Path, start_se
     assert trace["request_id"] == "bad"
     assert [stamp["name"] for stamp in trace["timestamps"]] == [
         "HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "HTTP_SEND_START", "HTTP_SEND_END"]
+
+
+def test_grpc_requests_carry_grpc_stamps(example_repo: Path, start_server: Any, tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(["--model-repository", str(example_repo), "--trace-config", "level=TIMESTAMPS",
+                           "--trace-config", "rate=1", "--trace-config", f"triton,file={trace_file}"])
+    tensors = []
+    for name, width in (("INPUT0", 16), ("INPUT1", 16)):
+        tensor = grpcclient.InferInput(name, [1, width], "INT32")
+        tensor.set_data_from_numpy(np.ones((1, width), dtype=np.int32))
+        tensors.append(tensor)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.infer("simple", tensors, request_id="by-grpc")
+    tensors[1] = grpcclient.InferInput("INPUT1", [1, 15], "INT32")
+    tensors[1].set_data_from_numpy(np.ones((1, 15), dtype=np.int32))
+    with pytest.raises(InferenceServerException):
+        client.infer("simple", tensors, request_id="bad-grpc")
+    client.close()
+    assert server.stop() == 0
+    good, bad = _traces(trace_file)
+    assert good["request_id"] == "by-grpc"
+    assert [stamp["name"] for stamp in good["timestamps"]] == [name.replace("HTTP", "GRPC") for name in ORDER]
+    times = [stamp["ns"] for stamp in good["timestamps"]]
+    assert times == sorted(times)
+    assert [stamp["name"] for stamp in bad["timestamps"]] == ["GRPC_RECV_START", "GRPC_RECV_END", "REQUEST_START"]
+
+
+def test_the_tensors_level_lists_inputs_and_outputs(example_repo: Path, start_server: Any, tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(["--model-repository", str(example_repo), "--trace-config", "level=TIMESTAMPS",
+                           "--trace-config", "level=TENSORS", "--trace-config", "rate=1",
+                           "--trace-config", f"triton,file={trace_file}"])
+    with httpclient.InferenceServerClient(server.url) as client:
+        assert client.get_trace_settings()["trace_level"] == ["TIMESTAMPS", "TENSORS"]
+    _infer(server.url, "with-tensors")
+    assert server.stop() == 0
+    items = json.loads(trace_file.read_text())
+    tensors = {(item["activity"], item["tensor"]["name"]): item["tensor"] for item in items if "activity" in item}
+    assert set(tensors) == {("TENSOR_QUEUE_INPUT", "INPUT0"), ("TENSOR_QUEUE_INPUT", "INPUT1"),
+                            ("TENSOR_BACKEND_OUTPUT", "OUTPUT0"), ("TENSOR_BACKEND_OUTPUT", "OUTPUT1")}
+    assert tensors["TENSOR_QUEUE_INPUT", "INPUT0"] == {"name": "INPUT0", "data": ",".join(["1"] * 16),
+                                                       "shape": "1,16", "dtype": "INT32"}
+    # simple version 2 swaps its outputs: OUTPUT0 = INPUT0 - INPUT1 = 0, OUTPUT1 = the sum = 2.
+    assert tensors["TENSOR_BACKEND_OUTPUT", "OUTPUT1"]["data"] == ",".join(["2"] * 16)
+    assert tensors["TENSOR_BACKEND_OUTPUT", "OUTPUT0"]["data"] == ",".join(["0"] * 16)
+
+
+def test_requests_are_logged_one_by_one_only_when_verbose(example_repo: Path, start_server: Any) -> None:
+    quiet = start_server(["--model-repository", str(example_repo)])
+    verbose = start_server(["--model-repository", str(example_repo), "--log-verbose", "1"])
+    _infer(quiet.url, "quiet-request")
+    _infer(verbose.url, "loud-request")
+    assert quiet.stop() == 0 and verbose.stop() == 0
+    assert "quiet-request" not in quiet.log_path.read_text()
+    assert "infer request 'loud-request' for model 'simple' version 2: inputs [('INPUT0', 'INT32', [1, 16])," \
+        in verbose.log_path.read_text()

@@ -16,8 +16,9 @@ an "InferRequest" span from REQUEST_START to REQUEST_END with "queue" and "compu
 under the client's span when the request carried a W3C `traceparent` (such requests are always
 traced; `rate=0` traces only them). Settings cannot change at runtime in that mode, as in Triton.
 
-Not yet (issue 7 goes on): the GRPC_* stamps, the TENSORS level's tensor dumps, and BLS /
-ensemble children joined to their parent.
+At the TENSORS level a trace also lists the request's inputs as queued (TENSOR_QUEUE_INPUT)
+and its outputs as returned (TENSOR_BACKEND_OUTPUT). The children of a traced request (ensemble
+steps) are traced too, with its id as their parent_id (in OpenTelemetry mode, as child spans).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 _KEYS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)  # the Python backend finds a BLS call's parent weakly
 class Trace:
     """One sampled request's trace."""
 
@@ -48,9 +49,18 @@ class Trace:
     parent_id: int = 0
     timestamps: list[tuple[str, int]] = field(default_factory=list)
     context: dict[str, str] | None = None  # the client's W3C trace context, if any
+    span: Any = None  # OpenTelemetry mode: the request's span, open from start to finish
+    #: TENSORS level: (activity, tensor) for the inputs as queued and the outputs as returned;
+    #: None at the TIMESTAMPS level
+    tensors: list[tuple[str, Any]] | None = None
 
     def stamp(self, name: str) -> None:
         self.timestamps.append((name, time.monotonic_ns()))
+
+    def record(self, activity: str, tensors: list[Any]) -> None:
+        """Keep `tensors` (naiad.types.Tensor: name, datatype, shape, data) for the TENSORS level."""
+        if self.tensors is not None:
+            self.tensors.extend((activity, tensor) for tensor in tensors)
 
     def as_json(self) -> list[dict[str, Any]]:
         return [
@@ -58,7 +68,17 @@ class Trace:
              "request_id": self.request_id, "parent_id": self.parent_id},
             {"id": self.id, "timestamps": [{"name": name, "ns": ns} for name, ns in sorted(self.timestamps,
                                                                                       key=lambda item: item[1])]},
+            *({"id": self.id, "activity": activity, "tensor": _tensor_json(tensor)}
+              for activity, tensor in self.tensors or ()),
         ]
+
+
+def _tensor_json(tensor: Any) -> dict[str, str]:
+    """A tensor as Triton's TENSORS trace writes it: values, comma-separated, and its shape."""
+    values = (v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in tensor.data.flat)
+    datatype = getattr(tensor.datatype, "value", tensor.datatype)
+    return {"name": tensor.name, "data": ",".join(values), "shape": ",".join(str(d) for d in tensor.shape),
+            "dtype": str(datatype)}
 
 
 @dataclass(slots=True)
@@ -128,8 +148,12 @@ class Tracer:
     # -- sampling and writing -----------------------------------------------------------------
 
     def start(self, model: str, version: int, request_id: str,
-              context: dict[str, str] | None = None) -> Trace | None:
-        """A trace for this request when it is sampled, else None (the common, cheap case)."""
+              context: dict[str, str] | None = None, parent: Trace | None = None) -> Trace | None:
+        """A trace for this request when it is sampled, else None (the common, cheap case). The
+        children of a traced request (ensemble steps, BLS calls: `parent`) are always traced,
+        under their parent's id."""
+        if parent is not None:
+            return self._child(parent, model, version, request_id)
         if self._all_off:
             return None
         with self._lock:
@@ -139,7 +163,21 @@ class Tracer:
             propagated = self._exporter is not None and context is not None and "traceparent" in context
             if not propagated and not self._sampled(model, settings):
                 return None
-            return Trace(next(self._ids), model, version, request_id, context=context if propagated else None)
+            trace = Trace(next(self._ids), model, version, request_id, context=context if propagated else None)
+            if "TENSORS" in settings["trace_level"] and self._exporter is None:
+                trace.tensors = []  # OpenTelemetry mode has no tensor activities, as in Triton
+        if self._exporter is not None:
+            self._exporter.begin(trace, None)
+        return trace
+
+    def _child(self, parent: Trace, model: str, version: int, request_id: str) -> Trace:
+        with self._lock:
+            trace = Trace(next(self._ids), model, version, request_id, parent_id=parent.id)
+            if parent.tensors is not None:
+                trace.tensors = []
+        if self._exporter is not None:
+            self._exporter.begin(trace, parent)
+        return trace
 
     def _sampled(self, model: str, settings: dict[str, str | list[str]]) -> bool:
         sampler = self._samplers.get(model)
@@ -256,7 +294,11 @@ def settings_from_flags(
             continue
         if key not in names:
             raise ValueError(f"unknown --trace-config setting '{key}'")
-        settings[names[key]] = [value] if key == "level" else value
+        if key == "level":  # repeated, as Triton's levels are flags: TIMESTAMPS and TENSORS
+            levels_so_far = settings.get("trace_level", [])
+            settings["trace_level"] = [*levels_so_far, value] if value not in levels_so_far else levels_so_far
+        else:
+            settings[names[key]] = value
     for name, value in (("trace_file", file), ("trace_rate", rate), ("trace_count", count),
                         ("log_frequency", log_frequency)):
         if value is not None:
@@ -290,16 +332,29 @@ class OtlpExporter:
         # Stamps are monotonic; spans need wall-clock ns.
         self.offset = time.time_ns() - time.monotonic_ns()
 
-    def export(self, trace: Trace) -> None:
+    def begin(self, trace: Trace, parent: Trace | None) -> None:
+        """Open the request's span now, so that its children's spans can hang under it: under
+        the parent request's span, else under the client's (a propagated traceparent)."""
         from opentelemetry import trace as otel
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        stamps = {name: ns + self.offset for name, ns in trace.timestamps}
-        parent = TraceContextTextMapPropagator().extract(trace.context or {})
+        if parent is not None and parent.span is not None:
+            context = otel.set_span_in_context(parent.span)
+        else:
+            context = TraceContextTextMapPropagator().extract(trace.context or {})
         attributes = {"triton.model_name": trace.model_name, "triton.model_version": trace.model_version,
                       "triton.request_id": trace.request_id, "triton.trace_id": trace.id}
-        root = self.tracer.start_span("InferRequest", context=parent, start_time=stamps.get("REQUEST_START"),
-                                      attributes=attributes)
+        if parent is not None:
+            attributes["triton.parent_id"] = parent.id
+        trace.span = self.tracer.start_span("InferRequest", context=context, attributes=attributes)
+
+    def export(self, trace: Trace) -> None:
+        from opentelemetry import trace as otel
+
+        root = trace.span
+        if root is None:
+            return
+        stamps = {name: ns + self.offset for name, ns in trace.timestamps}
         inside = otel.set_span_in_context(root)
         phases = (("queue", "QUEUE_START", "COMPUTE_START"), ("compute", "COMPUTE_START", "COMPUTE_END"))
         for name, begin, end in phases:

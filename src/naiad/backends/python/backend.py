@@ -19,6 +19,7 @@ import logging
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,8 @@ class PythonInstance(ModelInstance):
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._calls: dict[int, Callable[[], None]] = {}  # BLS call -> cancel
+        # Traces of the traced requests sent to the model, by id, while anything holds them.
+        self._traces: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         self._healthy = threading.Condition(self._lock)
         # Batches handed to the model process and not executed yet (see PIPELINE_DEPTH).
@@ -329,9 +332,14 @@ class PythonInstance(ModelInstance):
         flags = (1 if parameters.get("sequence_start") else 0) | (2 if parameters.get("sequence_end") else 0)
         custom = {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS}
         outputs = [o.name for o in request.outputs] if request.outputs is not None else self.output_names
+        trace = 0
+        if request.trace is not None:  # BLS calls made with request.trace() join it (see _bls)
+            trace = request.trace.id
+            self._traces[trace] = request.trace
         return p.Request(request.id, parameters.get("sequence_id", 0), flags, int(parameters.get("timeout", 0)),
                          json.dumps(custom) if custom else "{}", outputs,
-                         [_write(process, tensor.name, tensor.datatype, tensor.data) for tensor in request.inputs])
+                         [_write(process, tensor.name, tensor.datatype, tensor.data) for tensor in request.inputs],
+                         trace)
 
     # -- messages from the model process (reader thread) -------------------------------------
 
@@ -472,6 +480,8 @@ class PythonInstance(ModelInstance):
             return
         try:
             request = _bls_request(process, call)
+            if call.request.trace:
+                request.trace_parent = self._traces.get(call.request.trace)
             cancel = host.submit(request, reply, call.decoupled)
         except NaiadError as error:
             reply(_error_response(call, error))

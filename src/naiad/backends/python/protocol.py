@@ -49,6 +49,7 @@ class Request(msgspec.Struct, array_like=True):
     parameters: str  # JSON object, as pb_utils hands it to the model
     outputs: list[str]
     inputs: list[TensorRef]
+    trace: int = 0  # the server-side trace id of a traced request (BLS children join it), else 0
 
 
 class Response(msgspec.Struct, array_like=True):

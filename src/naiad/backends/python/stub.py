@@ -54,6 +54,19 @@ def _describe(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
+def _trace(trace_id: int) -> Any:
+    """The InferenceTrace a received request hands its model: the server's trace id, if traced."""
+    trace = pb_utils.InferenceTrace()
+    trace._handle = trace_id or None
+    return trace
+
+
+def _trace_id(trace: Any) -> int:
+    """The server's trace id a BLS request was given through `trace=request.trace()`, or 0."""
+    handle = getattr(trace, "_handle", None)
+    return handle if isinstance(handle, int) else 0
+
+
 class _Handle:
     """What a received request's response sender points at."""
 
@@ -356,7 +369,7 @@ class Stub:
             inputs=inputs, request_id=request.id, correlation_id=request.correlation_id, flags=request.flags,
             timeout=request.timeout, parameters=request.parameters, requested_output_names=request.outputs,
             model_name=self.model_name, model_version=self.model_version, handle=_Handle(batch, index),
-            decoupled=self.decoupled)
+            decoupled=self.decoupled, trace=_trace(request.trace))
 
     def _array(self, ref: p.TensorRef) -> np.ndarray:
         shape = tuple(ref.shape)
@@ -418,7 +431,7 @@ class Stub:
             call, request.model_name(), int(request.model_version()),
             p.Request(request.request_id(), request.correlation_id(), request.flags(), request.timeout(),
                       parameters if isinstance(parameters, str) else json.dumps(parameters),
-                      list(request.requested_output_names()), inputs),
+                      list(request.requested_output_names()), inputs, _trace_id(request.trace())),
             decoupled, p.flat_frees(self.frees.take()))
         return call, message
 

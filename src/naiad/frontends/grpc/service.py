@@ -103,8 +103,29 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         if self.compression is not None:
             await compress(context, self.compression)
-        decoded = infer.decode(request, context, self.forward_pattern, self.server.tracer.active)
-        response, written = await infer.infer(self.server, decoded)
+        tracer = self.server.tracer
+        if not tracer.active:
+            decoded = infer.decode(request, context, self.forward_pattern)
+            response, written = await infer.infer(self.server, decoded)
+            return encode_infer_response(response, written)
+        # Traced requests carry their GRPC_RECV stamps in and end once their reply is written.
+        decoded = infer.decode(request, context, self.forward_pattern, tracing=True)
+        decoded.trace_held = True
+        opened, received = getattr(context, "opened_ns", 0), getattr(context, "received_ns", 0)
+        if opened and received:
+            decoded.trace_stamps = [("GRPC_RECV_START", opened), ("GRPC_RECV_END", received)]
+        try:
+            response, written = await infer.infer(self.server, decoded)
+        except BaseException:
+            if decoded.trace is not None:
+                tracer.finish(decoded.trace)  # no reply to wait for: the error ends the call
+            raise
+        trace = decoded.trace
+        if trace is not None:
+            if hasattr(context, "on_sent"):
+                context.on_sent = lambda start, end: tracer.finish_sent(trace, "GRPC", (start, end))
+            else:
+                tracer.finish(trace)
         return encode_infer_response(response, written)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -55,6 +56,11 @@ class Call:
         self.encoding: str | None = None
         self.task: asyncio.Task[None] | None = None
         self.deadline: asyncio.TimerHandle | None = _deadline(found.get(b"grpc-timeout"), self)
+        # Trace stamps: when the call opened and its request was whole (GRPC_RECV_*), and who
+        # to tell when a unary response went out (GRPC_SEND_*; the servicer sets it).
+        self.opened_ns = time.monotonic_ns()
+        self.received_ns = 0
+        self.on_sent: Callable[[int, int], None] | None = None
 
     # -- fed by the connection --------------------------------------------------------------
 
@@ -76,6 +82,7 @@ class Call:
         else:
             self.requests.extend(messages)
         if end:
+            self.received_ns = time.monotonic_ns()
             self.remote_closed = True
             if self.task is None:
                 self.start()
@@ -159,7 +166,10 @@ class Call:
                 request = self._one_request()
                 response = await route.handler(request, self)
                 if not route.server_streaming:
+                    sending = time.monotonic_ns()
                     self.send(response.SerializeToString())
+                    if self.on_sent is not None:
+                        self.on_sent(sending, time.monotonic_ns())
             self.finish(grpc.StatusCode.OK)
         except CallError as error:
             self.finish(error.code, error.message)

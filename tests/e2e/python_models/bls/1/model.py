@@ -34,7 +34,7 @@ class TritonPythonModel:
             call = pb_utils.InferenceRequest(
                 model_name=target,
                 inputs=[pb_utils.Tensor("INPUT0", in0.reshape(1, 16)), pb_utils.Tensor("INPUT1", in1.reshape(1, 16))],
-                requested_output_names=["OUTPUT0"])
+                requested_output_names=["OUTPUT0"], trace=request.trace())  # joins a traced caller's trace
             response = call.exec()
             if response.has_error():
                 return pb_utils.InferenceResponse(error=response.error())
