@@ -53,7 +53,7 @@ class ServerOptions:
     allow_client_shm: bool = False
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
-    allow_gpu_metrics: bool = True  # accepted; GPU metrics are not served yet
+    allow_gpu_metrics: bool = True  # NVML's GPU families, where a GPU and its driver are
     metrics_address: str | None = None  # None: the HTTP address
     metrics_port: int = 8002
     metrics_config: dict[str, str] = field(default_factory=dict)  # --metrics-config key=value
@@ -63,3 +63,4 @@ class ServerOptions:
     rate_limit_resources: dict[tuple[str, int | None], int] = field(default_factory=dict)
     server_id: str = "triton"
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    response_cache_bytes: int = 0  # --cache-config local,size=N; 0: no response cache

@@ -76,8 +76,8 @@ def _metrics_server(options: ServerOptions, server: InferenceServer) -> MetricsS
         return None
     address = options.metrics_address or options.http_address
     try:
-        metrics = MetricsServer(Metrics(server.metric_samples, cpu=options.allow_cpu_metrics), address,
-                                options.metrics_port)
+        page = Metrics(server.metric_samples, cpu=options.allow_cpu_metrics, gpu=options.allow_gpu_metrics)
+        metrics = MetricsServer(page, address, options.metrics_port)
     except OSError as error:  # as Triton: a metrics port that cannot be had is a start-up error
         raise NaiadError(f"failed to start Metrics service at {address}:{options.metrics_port}: {error}") from None
     metrics.start()

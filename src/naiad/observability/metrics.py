@@ -10,8 +10,9 @@ on `{model="m",reason="REJECTED",version="1"}`).
 `--metrics-config` switches the µs counters off and the per-phase summaries and the
 first-response histogram on (statistics.LatencySettings); a model's `model_metrics` sets its
 own buckets and its `metric_tags` add labels. Backends add their own families (the llm
-backend's token, latency and KV-cache metrics). Not yet here (issue 7 goes on): response-cache
-metrics and GPU metrics through NVML.
+backend's token, latency and KV-cache metrics). The response-cache families are printed only for
+versions the cache serves (server and config both enable it), as Triton does. GPU families come
+from NVML (observability.gpu_metrics) when --allow-gpu-metrics and a GPU are there.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from naiad.observability.gpu_metrics import GpuSampler, load_nvml
 from naiad.observability.statistics import FAILURE_REASONS, ModelStatistics, Snapshot
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,13 @@ _COUNTERS = [
     ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in "
                                                 "microseconds (does not include cached requests)"),
 ]
+#: Triton's response-cache counters (printed with the latency counters, for cached versions only)
+_CACHE_COUNTERS = [
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model"),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds"),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model"),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds"),
+]
 _DURATIONS = {
     "nv_inference_request_duration_us": "success",
     "nv_inference_queue_duration_us": "queue",
@@ -115,6 +124,8 @@ _SUMMARIES = {
     "compute_output": ("nv_inference_compute_output_summary_us", "Summary of inference compute output duration "
                                                                  "in microseconds (does not include cached "
                                                                  "requests)"),
+    "cache_hit": ("nv_cache_hit_summary_per_model", "Summary of cache hit duration per model, in microseconds"),
+    "cache_miss": ("nv_cache_miss_summary_per_model", "Summary of cache miss duration per model, in microseconds"),
 }
 _FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
 
@@ -208,11 +219,25 @@ def _render_counters(samples: list[ModelSample], snapshots: list[tuple[ModelSamp
                     ns += snap.durations_ns["fail"]  # end to end covers failed requests too, as Triton
                 rows.append((_labels(**tags), ns // 1000))
         yield from _family(name, "counter", doc, rows)
+        if name == "nv_inference_compute_output_duration_us":
+            yield from _render_cache_counters(snapshots)
         if name == "nv_inference_exec_count":
             yield from _family("nv_inference_pending_request_count", "gauge",
                                "Instantaneous number of pending requests awaiting execution per-model.",
                                [(_labels(**s.stats.metric_labels), s.pending)
                                 for s in samples])
+
+
+def _render_cache_counters(snapshots: list[tuple[ModelSample, Snapshot]]) -> Iterator[str]:
+    cached = [(sample.stats.metric_labels, snap) for sample, snap in snapshots if sample.stats.cache_enabled]
+    values = {
+        "nv_cache_num_hits_per_model": lambda snap: snap.cache_hits,
+        "nv_cache_hit_duration_per_model": lambda snap: snap.durations_ns["cache_hit"] // 1000,
+        "nv_cache_num_misses_per_model": lambda snap: snap.cache_misses,
+        "nv_cache_miss_duration_per_model": lambda snap: snap.durations_ns["cache_miss"] // 1000,
+    }
+    for name, doc in _CACHE_COUNTERS:
+        yield from _family(name, "counter", doc, [(_labels(**tags), values[name](snap)) for tags, snap in cached])
 
 
 class CpuSampler:
@@ -265,12 +290,16 @@ class CpuSampler:
 class Metrics:
     """The whole /metrics page: per-model families, then the CPU's (when allowed)."""
 
-    def __init__(self, samples: Callable[[], list[ModelSample]], cpu: bool = True) -> None:
+    def __init__(self, samples: Callable[[], list[ModelSample]], cpu: bool = True, gpu: bool = False) -> None:
         self.samples = samples
         self.cpu = CpuSampler() if cpu else None
+        nvml = load_nvml() if gpu else None
+        self.gpu = GpuSampler(nvml) if nvml is not None else None
 
     def text(self) -> bytes:
         lines = list(render_models(self.samples()))
+        if self.gpu is not None:
+            lines.extend(self.gpu.render(_family, _labels))
         if self.cpu is not None:
             lines.extend(self.cpu.render())
         return ("\n".join(lines) + "\n").encode() if lines else b""
