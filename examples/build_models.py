@@ -299,12 +299,15 @@ def load_bert_weights(weights_dir: str | os.PathLike[str]) -> tuple[dict[str, np
     return weights, BertConfig.from_json(wdir / "config.json")
 
 
-def minilm_encoder(path: str | os.PathLike[str], weights_dir: str | os.PathLike[str]) -> Path:
+def minilm_encoder(
+    path: str | os.PathLike[str], weights_dir: str | os.PathLike[str], pooling: bool = True
+) -> Path:
     """The all-MiniLM-L6-v2 sentence encoder (any BERT checkpoint works) as one ONNX graph.
 
     Inputs ``input_ids``, ``attention_mask``, ``token_type_ids``: INT64 ``[batch, seq]``.
-    Outputs ``last_hidden_state`` FP32 ``[batch, seq, hidden]`` and ``sentence_embedding``
-    FP32 ``[batch, hidden]`` (masked mean pooling followed by L2 normalisation).
+    Outputs ``last_hidden_state`` FP32 ``[batch, seq, hidden]`` and, with ``pooling``,
+    ``sentence_embedding`` FP32 ``[batch, hidden]`` (masked mean pooling followed by L2
+    normalisation). ``pooling=False`` is the encoder alone, for a pipeline that pools elsewhere.
     """
     weights, cfg = load_bert_weights(weights_dir)
     g = _GraphBuilder(weights)
@@ -313,16 +316,15 @@ def minilm_encoder(path: str | os.PathLike[str], weights_dir: str | os.PathLike[
     for i in range(cfg.num_hidden_layers):
         x = _encoder_layer(g, x, bias, i, cfg)
     g.op("Identity", [x], out="last_hidden_state")
-    _mean_pool_normalize(g, "last_hidden_state")
 
     tokens = ["batch", "seq"]
     inputs = [
         helper.make_tensor_value_info(n, INT64, tokens)
         for n in ("input_ids", "attention_mask", "token_type_ids")
     ]
-    outputs = [
-        helper.make_tensor_value_info("last_hidden_state", FLOAT, [*tokens, cfg.hidden_size]),
-        helper.make_tensor_value_info("sentence_embedding", FLOAT, ["batch", cfg.hidden_size]),
-    ]
+    outputs = [helper.make_tensor_value_info("last_hidden_state", FLOAT, [*tokens, cfg.hidden_size])]
+    if pooling:
+        _mean_pool_normalize(g, "last_hidden_state")
+        outputs.append(helper.make_tensor_value_info("sentence_embedding", FLOAT, ["batch", cfg.hidden_size]))
     graph = helper.make_graph(g.nodes, "minilm_encoder", inputs, outputs, initializer=g.initializers)
     return _finish(graph, path)

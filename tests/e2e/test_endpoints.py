@@ -19,7 +19,9 @@ from e2e.raw_http import http, post_json
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLE_MODELS = {"identity", "minilm", "simple", "simple_string"}
+EXAMPLE_MODELS = {"identity", "minilm", "simple", "simple_string",
+                  "minilm_tokenizer", "minilm_encoder", "minilm_pooling", "minilm_embed",
+                  "ocr", "ocr_det", "ocr_cls", "ocr_rec", "silero_vad"}
 LOG_DEFAULTS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
                 "log_verbose_level": 0, "log_format": "default"}
 

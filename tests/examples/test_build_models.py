@@ -176,6 +176,14 @@ def test_minilm_padding_does_not_change_embeddings(minilm: ort.InferenceSession)
     np.testing.assert_allclose(batched, np.stack(one_by_one), atol=1e-5)
 
 
+def test_minilm_encoder_without_pooling_is_the_same_encoder(minilm: ort.InferenceSession, tmp_path: Path) -> None:
+    bare = _session(build_models.minilm_encoder(tmp_path / "model.onnx", _minilm_dir(), pooling=False))
+    assert [o.name for o in bare.get_outputs()] == ["last_hidden_state"]
+    feeds = _padded(json.loads(REFERENCE.read_text())["input_ids"])
+    (hidden,) = bare.run(None, feeds)
+    np.testing.assert_allclose(hidden, minilm.run(["last_hidden_state"], feeds)[0], atol=1e-6)
+
+
 def test_minilm_tokenizer_matches_reference() -> None:
     tokenizers = pytest.importorskip("tokenizers")
     tokenizer = tokenizers.Tokenizer.from_file(str(_minilm_dir() / "tokenizer.json"))
@@ -191,12 +199,29 @@ def test_prepare_writes_toy_models_and_is_idempotent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(prepare, "minilm_dir", lambda: None)  # keep this test fast
+    monkeypatch.setattr(prepare, "rapidocr_dir", lambda: None)
+    monkeypatch.setattr(prepare.vad_model, "silero_onnx", lambda: None)
     assert prepare.prepare(tmp_path) == 4
     assert "skipping minilm" in capsys.readouterr().err
     for rel in ("simple/1", "simple/2", "simple_string/1", "identity/1"):
         assert (tmp_path / rel / "model.onnx").is_file()
     assert prepare.prepare(tmp_path) == 0
     assert prepare.prepare(tmp_path, force=True) == 4
+
+
+def test_prepare_copies_the_ocr_models_and_writes_their_character_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if prepare.rapidocr_dir() is None:
+        pytest.skip(f"{prepare.RAPIDOCR_PIP_NAME} is not installed (pip install --no-deps ...)")
+    monkeypatch.setattr(prepare, "minilm_dir", lambda: None)  # only the OCR files, quickly
+    monkeypatch.setattr(prepare.vad_model, "silero_onnx", lambda: None)
+    prepare.prepare(tmp_path)
+    sessions = {name: _session(tmp_path / name / "1" / "model.onnx") for name in prepare.OCR_MODELS}
+    keys = (tmp_path / "ocr" / "ppocr_keys.txt").read_text(encoding="utf-8").split("\n")
+    assert keys[-1] == "" and "a" in keys and "0" in keys
+    classes = sessions["ocr_rec"].get_outputs()[0].shape[-1]
+    assert len(keys) - 1 + 2 == classes  # + the CTC blank and the space PP-OCR appends
 
 
 def test_repository_configs_parse() -> None:
@@ -208,7 +233,11 @@ def test_repository_configs_parse() -> None:
         config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
         assert config.name == path.parent.name
         names[config.name] = config
-    assert set(names) == {"simple", "simple_string", "identity", "minilm"}
+    assert set(names) == {
+        "simple", "simple_string", "identity", "minilm",
+        "minilm_tokenizer", "minilm_encoder", "minilm_pooling", "minilm_embed",
+        "ocr", "ocr_det", "ocr_cls", "ocr_rec", "silero_vad",
+    }
     assert names["simple"].version_policy.WhichOneof("policy_choice") == "all"
 
 
