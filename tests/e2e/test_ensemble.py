@@ -176,18 +176,23 @@ def test_diamond_computes_through_both_steps(server: Any, module: Any) -> None:
     np.testing.assert_array_equal(result.as_numpy("TWICE_B"), 2 * b)
 
 
-def test_only_the_steps_for_the_requested_outputs_run(server: Any) -> None:
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_only_the_steps_for_the_requested_outputs_run(server: Any, module: Any) -> None:
     a = np.ones((1, 4), dtype=np.float32)
     before = _executions(server.url, "add_sub")
-    with httpclient.InferenceServerClient(server.url) as client:
-        result = client.infer("diamond", _inputs(httpclient, ("A", "B"), [a, a]),
-                              outputs=[httpclient.InferRequestedOutput("SUM")])
+    client = module.InferenceServerClient(server.url if module is httpclient else server.grpc_url)
+    try:
+        result = client.infer("diamond", _inputs(module, ("A", "B"), [a, a]),
+                              outputs=[module.InferRequestedOutput("SUM")])
         assert result.as_numpy("TWICE_A") is None
         np.testing.assert_array_equal(result.as_numpy("SUM"), 2 * a)
         assert _executions(server.url, "add_sub") == before + 1  # the second step never ran
-        client.infer("diamond", _inputs(httpclient, ("A", "B"), [a, a]))
+        client.infer("diamond", _inputs(module, ("A", "B"), [a, a]))
         assert _executions(server.url, "add_sub") == before + 3
-        stats = client.get_inference_statistics("diamond")["model_stats"][0]
+    finally:
+        client.close()
+    with httpclient.InferenceServerClient(server.url) as stats_client:
+        stats = stats_client.get_inference_statistics("diamond")["model_stats"][0]
     assert stats["inference_stats"]["success"]["count"] >= 2
 
 
