@@ -1,0 +1,25 @@
+"""onnxruntime in the conformance suite: the MLP and the identities as ONNX graphs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from backends.conformance import mlp
+from backends.conformance.cases import ALL_DATATYPES, BackendCase
+
+
+def _mlp(version: Path) -> None:
+    mlp.write_onnx(version / "model.onnx")
+
+
+def _identity(version: Path, datatype: str) -> None:
+    import build_models
+    from onnx import TensorProto
+
+    elem = TensorProto.STRING if datatype == "BYTES" else getattr(TensorProto, {
+        "FP16": "FLOAT16", "FP32": "FLOAT", "FP64": "DOUBLE"}.get(datatype, datatype))
+    build_models.identity(version / "model.onnx", elem)
+
+
+CASES = [BackendCase("onnxruntime", "onnxruntime", "onnxruntime_onnx", _mlp, write_identity=_identity,
+                     datatypes=ALL_DATATYPES, autocomplete=True, requires=("onnxruntime",))]
