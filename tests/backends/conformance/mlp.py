@@ -11,6 +11,14 @@ import numpy as np
 IN, HIDDEN, OUT = 16, 32, 8
 
 
+def resize(inputs: int, hidden: int, outputs: int) -> None:
+    """Change the MLP's sizes for what is written next (bench/framework_backends.py serves a
+    larger one, so that the framework's compute, not the server, dominates). Writers read the
+    sizes when they run."""
+    global IN, HIDDEN, OUT
+    IN, HIDDEN, OUT = inputs, hidden, outputs
+
+
 def weights(seed: int = 7) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {
