@@ -182,3 +182,23 @@ def test_requests_are_logged_one_by_one_only_when_verbose(example_repo: Path, st
     assert "quiet-request" not in quiet.log_path.read_text()
     assert "infer request 'loud-request' for model 'simple' version 2: inputs [('INPUT0', 'INT32', [1, 16])," \
         in verbose.log_path.read_text()
+
+
+def test_generate_requests_carry_their_receive_stamps(example_repo: Path, start_server: Any, tmp_path: Path) -> None:
+    import urllib.request
+
+    trace_file = tmp_path / "trace.json"
+    server = start_server(["--model-repository", str(example_repo), "--trace-config", "level=TIMESTAMPS",
+                           "--trace-config", "rate=1", "--trace-config", f"triton,file={trace_file}"])
+    for endpoint in ("generate", "generate_stream"):
+        request = urllib.request.Request(f"http://{server.url}/v2/models/identity/{endpoint}",
+                                         data=json.dumps({"INPUT0": [1.0, 2.0, 3.0]}).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200 and b"OUTPUT0" in answer.read()
+    assert server.stop() == 0
+    traces = _traces(trace_file)
+    assert len(traces) == 2
+    for trace in traces:
+        names = [stamp["name"] for stamp in trace["timestamps"]]
+        assert names[:3] == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START"] and names[-1] == \
+            "INFER_RESPONSE_COMPLETE"

@@ -29,6 +29,7 @@ from naiad.errors import InternalError, InvalidArgument, NaiadError, Unsupported
 from naiad.frontends.http.codec import encode_error
 from naiad.frontends.http.reply import HTTP_STATUS, Reply, StreamReply
 from naiad.frontends.http.routes import Route
+from naiad.frontends.http.tracing import carry_trace
 from naiad.frontends.tensors import bf16_to_float32, float_to_bf16_bits
 from naiad.types import DataType, InferRequest, InferResponse, Tensor, TensorSpec
 
@@ -57,6 +58,7 @@ class _Object(list[tuple[str, Any]]):
 
 async def generate(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
     request = _decode(server, route, body)
+    carry_trace(server, request, headers)
     answers = [r async for r in server.stream(request) if not _flags_only(r)]
     if len(answers) != 1:
         # Triton sends this after a 200 status line it has already written (its reply is chunked);
@@ -70,6 +72,7 @@ async def generate(server: InferenceServer, route: Route, body: bytes, headers: 
 
 async def generate_stream(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
     request = _decode(server, route, body)
+    carry_trace(server, request, headers)
     # server.stream is an async generator: closing it marks the request cancelled.
     events = _Events(cast(AsyncGenerator[InferResponse, None], server.stream(request)))
     status = await events.start()

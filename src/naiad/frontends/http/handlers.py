@@ -19,6 +19,7 @@ from naiad.frontends.http.codec import decode_infer_request, decode_raw_request,
 from naiad.frontends.http.generate import generate, generate_stream
 from naiad.frontends.http.reply import RECEIVED, Reply, error_reply, json_reply
 from naiad.frontends.http.routes import Route
+from naiad.frontends.http.tracing import trace_context
 from naiad.types import InferRequest, InferResponse
 
 Headers = dict[bytes, bytes]
@@ -112,18 +113,6 @@ async def _model_infer(server: InferenceServer, route: Route, body: bytes, heade
     if shm.uses_shared_memory(request):
         return await _infer_shared_memory(server, request)
     return _infer_reply(await _infer(server, request), request)
-
-
-def trace_context(headers: Headers) -> dict[str, str] | None:
-    """The W3C trace context headers, when the client sent a traceparent."""
-    parent = headers.get(b"traceparent")
-    if parent is None:
-        return None
-    context = {"traceparent": parent.decode("latin-1")}
-    state = headers.get(b"tracestate")
-    if state is not None:
-        context["tracestate"] = state.decode("latin-1")
-    return context
 
 
 async def _infer(server: InferenceServer, request: InferRequest) -> InferResponse:

@@ -35,6 +35,7 @@ from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
 from naiad.frontends.http.reply import HTTP_STATUS, Reply, StreamReply
 from naiad.frontends.http.routes import Route
+from naiad.frontends.http.tracing import carry_trace
 from naiad.types import DataType, InferRequest, InferResponse, Tensor
 
 Headers = dict[bytes, bytes]
@@ -71,17 +72,19 @@ async def models(server: InferenceServer, route: Route, body: bytes, headers: He
 
 
 async def completions(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
-    return await _answer(server, body, chat=False)
+    return await _answer(server, body, headers, chat=False)
 
 
 async def chat_completions(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
-    return await _answer(server, body, chat=True)
+    return await _answer(server, body, headers, chat=True)
 
 
-async def _answer(server: InferenceServer, body: bytes, chat: bool) -> Reply:
+async def _answer(server: InferenceServer, body: bytes, headers: Headers, chat: bool) -> Reply:
     """Every OpenAI error leaves here in OpenAI's shape, not Triton's."""
     try:
         call = _Call.parse(server, _parse(body), chat)
+        for request in call.requests:
+            carry_trace(server, request, headers)
         if call.stream:
             return await _stream(server, call)
         choices = await asyncio.gather(*(_collect(server, request) for request in call.requests))
