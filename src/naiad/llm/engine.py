@@ -41,6 +41,7 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # on CUDA: no CUDA graphs for decode steps
+    quantization: str = "none"  # "int8": weight-only INT8 linears (naiad.llm.quantization)
 
     def runner_config(self) -> RunnerConfig:
         # The runner's settings are a subset of the engine's, by the same names.

@@ -20,6 +20,7 @@ from naiad.llm.cpu_linear import can_prepack, prepack_linears
 from naiad.llm.cuda_graphs import DecodeGraphs
 from naiad.llm.kernels import triton_attention
 from naiad.llm.loader import load_model
+from naiad.llm.quantization import quantize_linears
 from naiad.llm.sampler import SamplingBatch, logprobs, sample
 from naiad.llm.scheduler import SchedulerOutput
 from naiad.llm.sequence import Sequence, TokenLogprobs
@@ -42,6 +43,8 @@ class RunnerConfig:
     #: on CUDA, replay decode steps of up to `max_num_seqs` rows from CUDA graphs unless this is set
     enforce_eager: bool = False
     max_num_seqs: int = 256
+    #: "int8": weight-only INT8 linears with per-channel scales, quantized at load (quantization.py)
+    quantization: str = "none"
 
 
 @dataclass(slots=True)
@@ -93,7 +96,9 @@ class ModelRunner:
         self.model = load_model(config.model, config.dtype, self.device)
         self.args = self.model.args
         self.dtype = self.model.model.embed_tokens.weight.dtype
-        if can_prepack(self.dtype, self.device):
+        if config.quantization != "none":
+            quantize_linears(self.model, config.quantization)
+        elif can_prepack(self.dtype, self.device):
             prepack_linears(self.model)
         self.block_size = config.block_size
         self.kv_cache_memory = kv_cache_budget(config, self.device)

@@ -1,6 +1,7 @@
 """CPU kernels in plain C, built on first use with the machine's gcc and called through ctypes:
-decode attention over the paged cache (`paged_attention.c`) and the decoder layer's fused
-element-wise ops (`fused_ops.c`: RMSNorm with the residual add, rotary embedding, SiLU-gating).
+decode attention over the paged cache (`paged_attention.c`), the decoder layer's fused
+element-wise ops (`fused_ops.c`: RMSNorm with the residual add, rotary embedding, SiLU-gating)
+and INT8 weight-only linear layers for decode-sized inputs (`int8_linear.c`).
 
 Why not a torch C++ extension: one including torch's headers takes about a minute to compile
 on two cores, while this C file builds in under a second and needs nothing but gcc (which CI
@@ -28,7 +29,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "paged_attention.c", HERE / "fused_ops.c"]
+SOURCES = [HERE / "paged_attention.c", HERE / "fused_ops.c", HERE / "int8_linear.c"]
 HEADERS = [HERE / "common.h"]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _lock = threading.Lock()
@@ -95,7 +96,8 @@ def library() -> ctypes.CDLL | None:
         lib.rms_norm.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 5, ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
         lib.rotary.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 6]
         lib.silu_mul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-        for name in ("rms_norm", "rotary", "silu_mul"):
+        lib.int8_linear.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 5, *[ctypes.c_int64] * 4]
+        for name in ("rms_norm", "rotary", "silu_mul", "int8_linear"):
             getattr(lib, name).restype = ctypes.c_int
         _library = lib
         return _library
@@ -188,3 +190,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _check(_lib().silu_mul(_DTYPES[gate_up.dtype], gate_up.data_ptr(), out.data_ptr(), out.numel() // inter, inter),
            "silu_mul")
     return out
+
+
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`x @ (weight * scale[:, None]).T + bias` for int8 `weight` `[out, in]` and float32 `scale`
+    (and `bias`); rows of `x` in its own dtype, split over torch's thread count by output feature."""
+    x = x.contiguous()
+    rows, features = x.numel() // x.shape[-1], weight.shape[0]
+    out = torch.empty(*x.shape[:-1], features, dtype=x.dtype, device=x.device)
+    _check(_lib().int8_linear(_DTYPES[x.dtype], x.data_ptr(), weight.data_ptr(), scale.data_ptr(),
+                              None if bias is None else bias.data_ptr(), out.data_ptr(), rows, x.shape[-1],
+                              features, torch.get_num_threads()), "int8_linear")
+    return out
+
