@@ -18,6 +18,7 @@ from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.generate import NOT_ONE_RESPONSE, decode_generate_request, encode_generate_response
 from naiad.frontends.http.protocol import Connections, HttpProtocol
 from naiad.frontends.http.routes import Route, match
+from naiad.observability.tracing import Tracer
 from naiad.types import DataType, InferRequest, InferResponse, Tensor, TensorSpec
 
 # Like Triton's qa mock_llm: two required [1,1] inputs and an optional one.
@@ -240,6 +241,7 @@ class FakeCore:
         self.submit_error = submit_error
         self.requests: list[InferRequest] = []
         self.closed = False
+        self.tracer = Tracer()  # as InferenceServer has one: the handlers ask whether tracing is on
 
     def model_inputs(self, name: str, version: int | None) -> tuple[list[TensorSpec], int]:
         if name != "m":
