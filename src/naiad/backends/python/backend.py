@@ -208,8 +208,7 @@ class PythonInstance(ModelInstance):
             calls, self._calls = self._calls, {}
             closing = self._closing
         code = _exit_code(process)
-        error = InternalError(f"Failed to process the request(s) for model instance '{self.name}', "
-                              f"message: Stub process '{self.name}' is not healthy.")
+        error = self._exit_error(code)
         for item in pending.values():
             self._fail_open(item, error)
             self._mark_executed(item)
@@ -220,6 +219,12 @@ class PythonInstance(ModelInstance):
             return
         log.error("the model process of '%s' exited (code %s); starting a new one", self.name, code)
         self._restart_soon()
+
+    def _exit_error(self, code: int | None) -> NaiadError:
+        """What the requests held by a model process that died fail with (`code`: its exit
+        status, negative for a signal, None if unknown); other backends built on this one say more."""
+        return InternalError(f"Failed to process the request(s) for model instance '{self.name}', "
+                             f"message: Stub process '{self.name}' is not healthy.")
 
     def _restart_soon(self) -> None:
         """Start a new process on a thread of its own: starting takes a while and this may be the

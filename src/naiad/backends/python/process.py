@@ -83,14 +83,23 @@ class StubProcess:
                 elif isinstance(message, p.Segment):
                     self.segments.add(message.segment, self.channel.take_fd(), message.size)
         except p.ChannelClosed as error:
-            code = self.process.poll() if self.process is not None else None
             if "timed out" in str(error):
                 raise Unavailable(f"timed out after {timeout:g} s waiting for the model process of "
                                   f"'{self.name}' to start") from None
+            code = self._exit_code()
             raise Unavailable(f"the model process of '{self.name}' exited during start-up (exit code {code})"
                               ) from None
         finally:
             self.channel.sock.settimeout(None)
+
+    def _exit_code(self) -> int | None:
+        """The exit status of a process whose socket just closed (it may not be reaped yet)."""
+        if self.process is None:
+            return None
+        try:
+            return self.process.wait(0.5)
+        except subprocess.TimeoutExpired:
+            return None
 
     def run(self, on_message: Callable[[Any], None], on_exit: Callable[[], None],
             watch: Watch | None = None) -> None:
