@@ -27,7 +27,7 @@ _KNOWN_BACKEND_PLATFORMS = {
     "tensorflow": {"tensorflow_graphdef", "tensorflow_savedmodel"},
     "tensorrt": {"tensorrt_plan"},
     "onnxruntime": {"onnxruntime_onnx"},
-    "pytorch": {"pytorch_libtorch"},
+    "pytorch": {"pytorch_libtorch", "torch_aoti"},
 }
 _CORRID_TYPES = {pb.TYPE_UINT64, pb.TYPE_INT64, pb.TYPE_UINT32, pb.TYPE_INT32, pb.TYPE_STRING}
 
