@@ -49,7 +49,8 @@ def ceiling(case: BackendCase, version_dir: object, seconds: float) -> dict[int,
     rates = {}
     for batch in (1, 8):
         x = np.random.default_rng(batch).standard_normal((batch, mlp.IN)).astype(np.float32)
-        np.testing.assert_allclose(run(x), mlp.reference(x), rtol=1e-3, atol=1e-4)  # the same model
+        reference = mlp.reference(x)  # the same model, to float32 rounding over `IN` and `HIDDEN` terms
+        np.testing.assert_allclose(run(x), reference, rtol=1e-3, atol=1e-5 * float(np.abs(reference).max()) + 1e-4)
         calls, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             run(x)
