@@ -40,7 +40,9 @@ def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help: s
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve a model repository (tritonserver's flags)")
     p.add_argument("--model-repository", "--model-store", dest="model_repository", action="append",
-                   required=True, help="model repository path (repeatable)")
+                   required=True,
+                   help="model repository: a path, s3://[http(s)://host:port/]bucket/path, gs://bucket/path "
+                        "or as://account/container/path (repeatable)")
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
     p.add_argument("--load-model", action="append", default=[], help="explicit mode: model to load at start")
     p.add_argument("--repository-poll-secs", type=float, default=None)
@@ -171,7 +173,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
     backend_config = _backend_config(args.backend_config, parser)
     default_mbs = backend_config.get("", {}).get("default-max-batch-size", "4")
     return ServerOptions(
-        model_repositories=tuple(Path(p) for p in args.model_repository),
+        model_repositories=_repositories(args.model_repository, parser),
         model_control_mode=mode,
         load_models=tuple(args.load_model),
         repository_poll_secs=args.repository_poll_secs if args.repository_poll_secs is not None else 15.0,
@@ -206,6 +208,20 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         backend_config=backend_config,
         response_cache_bytes=_response_cache_bytes(args.cache_config, args.response_cache_byte_size, parser),
     )
+
+
+def _repositories(values: list[str], parser: argparse.ArgumentParser) -> tuple[Path | str, ...]:
+    """Local paths become Paths; s3:// gs:// as:// URLs stay strings (a Path would fold their '//')."""
+    from naiad.repository.location import LocationError, parse_repository
+
+    repositories: list[Path | str] = []
+    for value in values:
+        try:
+            parsed = parse_repository(value)
+        except LocationError as error:
+            parser.error(str(error))
+        repositories.append(parsed if isinstance(parsed, Path) else value)
+    return tuple(repositories)
 
 
 def _rate_limit_resources(values: list[str], parser: argparse.ArgumentParser) -> dict[tuple[str, int | None], int]:

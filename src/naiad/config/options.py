@@ -30,7 +30,7 @@ class GrpcOptions:
 
 @dataclass(frozen=True, slots=True)
 class ServerOptions:
-    model_repositories: tuple[Path, ...]
+    model_repositories: tuple[Path | str, ...]  # str: an s3:// gs:// as:// URL (naiad.repository.location)
     model_control_mode: str = "none"  # none | poll | explicit
     load_models: tuple[str, ...] = ()
     repository_poll_secs: float = 15.0

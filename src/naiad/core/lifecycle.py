@@ -26,7 +26,9 @@ from naiad.core.ensemble import ENSEMBLE_PLATFORM, check_steps
 from naiad.core.loader import prepare_config, start_version
 from naiad.core.model import LoadedVersion
 from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable
-from naiad.repository.local import Discovery, discover, fingerprint, select_versions, version_dirs
+from naiad.repository.catalog import Repositories
+from naiad.repository.local import Discovery, Fingerprint, ModelSource, fingerprint, select_versions, version_dirs
+from naiad.repository.remote import RepositoryUnavailable
 from naiad.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class ModelRecord:
     attempted: Any = None  # fingerprint of the last load attempt: poll retries only after a change
     override: mc.ModelConfig | None = None  # a load's config override is remembered
     files_dir: Path | None = None  # temporary model directory from `file:` overrides
+    repository: Any = None  # where the model was last loaded from (a Path or a RemoteLocation)
 
 
 class ModelManager:
@@ -63,6 +66,7 @@ class ModelManager:
         self.host: Host | None = None  # what backends call back into (set by the server)
         # One cache for every model (Triton's local cache is shared too); models opt in.
         self.response_cache = ResponseCache(options.response_cache_bytes) if options.response_cache_bytes else None
+        self.repositories = Repositories(options.model_repositories)
         self._records: dict[str, ModelRecord] = {}
         self._routes: dict[str, tuple[dict[int, LoadedVersion], LoadedVersion]] = {}
         self._route_lock = threading.Lock()
@@ -109,8 +113,9 @@ class ModelManager:
     # -- load / unload -----------------------------------------------------------------------
 
     def load(self, name: str, override: mc.ModelConfig | None = None,
-             files: dict[str, bytes] | None = None) -> None:
-        """Load or reload `name`; a no-op when nothing changed. Raises with Triton's texts on failure."""
+             files: dict[str, bytes] | None = None, found: Discovery | None = None) -> None:
+        """Load or reload `name`; a no-op when nothing changed. Raises with Triton's texts on failure.
+        `found`: a scan just made (startup, poll), so that a bucket is not listed again per model."""
         _check_name(name)
         if files and override is None:
             raise InvalidArgument("failed to load '" + name + "', config must be provided with file override")
@@ -118,29 +123,52 @@ class ModelManager:
             record = self._records.setdefault(name, ModelRecord(name))
             if override is not None:
                 record.override = override
-            model_dir = self._model_dir(record, files)
-            self._load_locked(record, model_dir)
+            model_dir, stamp = self._model_dir(record, files, found)
+            try:
+                self._load_locked(record, model_dir, stamp)
+            finally:
+                self._prune(record)
 
-    def _model_dir(self, record: ModelRecord, files: dict[str, bytes] | None) -> Path:
+    def _model_dir(self, record: ModelRecord, files: dict[str, bytes] | None,
+                   found: Discovery | None = None) -> tuple[Path, Fingerprint | None]:
+        """The directory to load from and, for a repository model, its fingerprint before download."""
         if files:
             if record.files_dir is not None:
                 shutil.rmtree(record.files_dir, ignore_errors=True)
             record.files_dir = _write_model_files(record.name, files)
-            return record.files_dir
+            return record.files_dir, None
         if record.files_dir is not None:
-            return record.files_dir
-        found = discover(list(self.options.model_repositories))
+            return record.files_dir, None
+        found = found if found is not None else self.repositories.discover()
         if record.name in found.duplicates:
             record.error = DUPLICATE_REASON
             raise Unavailable(f"failed to load '{record.name}', {DUPLICATE_REASON}")
         source = found.models.get(record.name)
         if source is None:
-            raise InvalidArgument(f"failed to load '{record.name}', failed to poll from model repository")
-        return source.path
+            # The model may be in a repository that cannot be listed now: say which and why.
+            why = "".join(f"; {reason}" for reason in found.unavailable.values())
+            raise InvalidArgument(f"failed to load '{record.name}', failed to poll from model repository{why}")
+        return self._materialize(record, source)
 
-    def _load_locked(self, record: ModelRecord, model_dir: Path) -> None:
+    def _materialize(self, record: ModelRecord, source: ModelSource) -> tuple[Path, Fingerprint]:
+        stamp = self.repositories.stamp(source)
+        try:
+            path = self.repositories.materialize(source)
+        except RepositoryUnavailable as error:
+            self._fail(record, {}, str(error))
+            raise Unavailable(f"failed to load '{record.name}', {error}") from None
+        record.repository = source.repository
+        return path, stamp
+
+    def _prune(self, record: ModelRecord) -> None:
+        """Remove a remote model's cache snapshots that no serving version loads from."""
+        if record.repository is not None:
+            keep = {loaded.model_dir for loaded in record.serving.values()}
+            self.repositories.prune(record.name, record.repository, keep)
+
+    def _load_locked(self, record: ModelRecord, model_dir: Path, stamp: Fingerprint | None = None) -> None:
         name = record.name
-        record.attempted = fingerprint(model_dir)
+        record.attempted = stamp if stamp is not None else fingerprint(model_dir)
         try:
             config, cls = prepare_config(name, model_dir, self.options, record.override)
         except Exception as error:  # a backend's auto-complete may fail with any error
@@ -260,7 +288,8 @@ class ModelManager:
             return []
         return sorted({step.model_name for step in route[1].config.ensemble_scheduling.step})
 
-    def _unload(self, name: str, timeout: float) -> None:
+    def _unload(self, name: str, timeout: float, prune: bool = True) -> None:
+        """`prune`: also drop a remote model's cache (kept at shutdown, so a restart reuses it)."""
         with self._model_lock(name):
             record = self._records.get(name)
             if record is None:
@@ -276,6 +305,8 @@ class ModelManager:
             if record.files_dir is not None:
                 shutil.rmtree(record.files_dir, ignore_errors=True)
                 record.files_dir = None
+            if prune:
+                self._prune(record)
             log.info("successfully unloaded '%s'", name)
 
     def _model_lock(self, name: str) -> threading.Lock:
@@ -287,10 +318,11 @@ class ModelManager:
     def load_many(self, names: list[str]) -> dict[str, str]:
         """Load models concurrently (--model-load-thread-count); returns name → error for failures."""
         errors: dict[str, str] = {}
+        found = self.discover()
 
         def one(name: str) -> None:
             try:
-                self.load(name)
+                self.load(name, found=found)
             except NaiadError as error:
                 errors[name] = str(error)
 
@@ -299,7 +331,7 @@ class ModelManager:
         return errors
 
     def discover(self) -> Discovery:
-        return discover(list(self.options.model_repositories))
+        return self.repositories.discover()
 
     def poll(self) -> None:
         """Load what is new or changed since its last attempt; unload what left the repository."""
@@ -308,13 +340,15 @@ class ModelManager:
             record = self._records.get(name)
             if record is not None and record.files_dir is not None:
                 continue
-            if record is None or record.attempted != fingerprint(source.path):
+            if record is None or record.attempted != self.repositories.stamp(source):
                 try:
-                    self.load(name)
+                    self.load(name, found=found)
                 except NaiadError as error:
                     log.error("%s", error)
         for name in list(self._records):
             record = self._records[name]
+            if _repository_down(record, found):
+                continue  # a bucket that cannot be listed now has not lost its models: keep serving
             if name not in found.models and record.files_dir is None and record.serving:
                 self.unload(name)
             if name not in found.models and record.files_dir is None:
@@ -324,7 +358,7 @@ class ModelManager:
         """Unload everything; `timeout` bounds the whole shutdown, not each model."""
         deadline = time.monotonic() + timeout
         for name in list(self._records):
-            self._unload(name, max(deadline - time.monotonic(), 0.0))
+            self._unload(name, max(deadline - time.monotonic(), 0.0), prune=False)
 
     # -- index and readiness -----------------------------------------------------------------
 
@@ -354,6 +388,11 @@ class ModelManager:
             not record.error and all(s.state == "READY" or s.reason == "unloaded" for s in record.status.values())
             for record in self._records.values()
         )
+
+
+def _repository_down(record: ModelRecord, found: Discovery) -> bool:
+    spec = getattr(record.repository, "spec", None)
+    return spec is not None and spec in found.unavailable
 
 
 def _index_entry(name: str, version: str, state: str, reason: str) -> dict[str, Any]:

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-Fingerprint = tuple[tuple[str, int, int], ...]
+Fingerprint = tuple[tuple[str, int, int | str], ...]
 
 
 @dataclass(frozen=True, slots=True)
 class ModelSource:
-    """A model directory found in one repository."""
+    """A model directory found in one repository. For a model in object storage (`listing` set),
+    `path` is its place in the local cache and `repository` the RemoteLocation."""
 
     name: str
     path: Path
-    repository: Path
+    repository: Any  # Path, or a RemoteLocation
+    listing: tuple[Any, ...] | None = None  # remote: the model's blobs, as listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +28,8 @@ class Discovery:
     """What a scan of all repositories found; `duplicates` maps a name to every repository holding it."""
 
     models: dict[str, ModelSource]
-    duplicates: dict[str, list[Path]]
+    duplicates: dict[str, list[Any]]
+    unavailable: dict[str, str] = field(default_factory=dict)  # remote repository → why it cannot be listed
 
 
 def discover(repositories: list[Path]) -> Discovery:
