@@ -7,8 +7,9 @@ The model is the conformance suite's MLP (tests/backends/conformance/mlp.py), re
 [batch, 1024] → 4096 → 1024 by default so that the framework's compute weighs against the
 server's per-request work, served as `mlp_batched` (dynamic batching, max_batch_size 8) and driven by
 perf_analyzer over HTTP with one row per request. The ceiling is the same model file run by its
-framework in this process, one thread, at batch 1 and at batch 8 (the most the batcher can
-form); the ratio is naiad's inferences/s over the better of the two, in rows/s. A backend whose
+framework in this process, with the threads its case's runner gives it (one for onnxruntime and
+the C library; the framework's defaults for TensorFlow and OpenVINO), at batch 1 and at batch 8
+(the most the batcher can form); the ratio is naiad's inferences/s over the better of the two, in rows/s. A backend whose
 framework is not installed, or whose case has no in-process runner, is listed as not measured.
 """
 
@@ -43,7 +44,7 @@ CONCURRENCY = 32
 
 
 def ceiling(case: BackendCase, version_dir: object, seconds: float) -> dict[int, float]:
-    """Rows/s of the framework itself at batch 1 and 8, one thread, for `seconds` each."""
+    """Rows/s of the framework itself at batch 1 and 8, for `seconds` each."""
     assert case.in_process is not None
     run = case.in_process(version_dir)  # type: ignore[arg-type]
     rates = {}
@@ -101,7 +102,7 @@ def main(argv: list[str]) -> int:
         except BenchError as error:
             missing[case.name] = str(error).splitlines()[0]
     print(f"\nMLP {mlp.IN}->{mlp.HIDDEN}->{mlp.OUT}, naiad over HTTP at c={CONCURRENCY} (perf_analyzer) vs the "
-          "framework in-process (one thread; ratio over the better of batch 1 and 8)")
+          "framework in-process (ratio over the better of batch 1 and 8)")
     print(f"{'backend':<22}{'infer/s':>10}{'p50 ms':>9}{'CPU-us/inf':>12}{'ceil b1':>11}{'ceil b8':>11}{'ratio':>8}")
     for row in rows:
         print(f"{row['backend']:<22}{fmt(row['infer_per_s']):>10}{fmt(row['p50_us'] / 1000, '.2f'):>9}"
