@@ -9,8 +9,9 @@ server's per-request work, served as `mlp_batched` (dynamic batching, max_batch_
 perf_analyzer over HTTP with one row per request. The ceiling is the same model file run by its
 framework in this process, with the threads its case's runner gives it (one for onnxruntime and
 the C library; the framework's defaults for TensorFlow and OpenVINO), at batch 1 and at batch 8
-(the most the batcher can form); the ratio is naiad's inferences/s over the better of the two, in rows/s. A backend whose
-framework is not installed, or whose case has no in-process runner, is listed as not measured.
+(the most the batcher can form); the ratio is naiad's inferences/s over the better of the two,
+in rows/s. A backend whose framework is not installed, or whose case has no in-process runner,
+is listed as not measured.
 """
 
 from __future__ import annotations
