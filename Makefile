@@ -7,7 +7,7 @@ REPO := examples/models
 LLM_REPO := examples/llm
 PORT ?= 8000
 
-.PHONY: install examples custom-backend serve test lint bench clean
+.PHONY: install examples custom-backend serve test lint bench soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ lint: install
 
 bench: examples
 	bash bench/run.sh
+
+# Ten minutes of mixed traffic with reloads and killed model processes (a minute of it runs in `make test`).
+soak: examples
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) .bench examples/.cache examples/custom_backend/build tests/.node
