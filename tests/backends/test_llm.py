@@ -18,11 +18,12 @@ def _model(parameters: dict[str, str], tmp_path) -> LLMModel:
 
 def test_engine_settings_come_from_config_parameters(tmp_path) -> None:
     config = _model({"dtype": "bf16", "kv_cache_fraction": "0.25", "max_num_seqs": "8", "enforce_eager": "true",
-                     "enable_prefix_caching": "false"}, tmp_path).engine_config()
+                     "enable_prefix_caching": "false", "tensor_parallel_size": "2"}, tmp_path).engine_config()
     assert config.model == tmp_path / "weights"  # relative to the version directory
     assert (config.dtype, config.kv_cache_fraction, config.max_num_seqs) == ("bf16", 0.25, 8)
     assert config.enforce_eager is True and config.enable_prefix_caching is False
     assert config.device == "cpu"
+    assert config.tensor_parallel_size == 2
 
 
 @pytest.mark.parametrize(("parameters", "message"), [

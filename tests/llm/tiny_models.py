@@ -49,13 +49,14 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def build_tiny_model(variant: str, path: Path) -> Path:
-    """Save a random-weight model of `variant` (fp32 safetensors) into `path`."""
+def build_tiny_model(variant: str, path: Path, **overrides: Any) -> Path:
+    """Save a random-weight model of `variant` (fp32 safetensors) into `path`; `overrides`
+    change its TINY shape (an odd vocabulary, other head counts)."""
     import torch
     import transformers
 
     config_cls, extra = VARIANTS[variant]
-    config = getattr(transformers, config_cls)(**TINY, **extra)
+    config = getattr(transformers, config_cls)(**{**TINY, **extra, **overrides})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)  # float32
     # Larger weights than the 0.02 default spread the logits, so a greedy choice is never a

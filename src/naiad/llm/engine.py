@@ -6,6 +6,7 @@ backend and the tokenizer wrap it later.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from dataclasses import dataclass
@@ -13,11 +14,13 @@ from pathlib import Path
 
 from naiad.errors import InvalidArgument
 from naiad.llm.block_manager import BlockManager
-from naiad.llm.loader import read_eos_token_ids
+from naiad.llm.loader import read_args, read_eos_token_ids
 from naiad.llm.model_runner import ModelRunner, RunnerConfig
+from naiad.llm.parallel import check_devices, check_no_group, check_shardable, destroy_group
 from naiad.llm.sampling_params import SamplingParams
 from naiad.llm.scheduler import Scheduler, SchedulerConfig
 from naiad.llm.sequence import Sequence
+from naiad.llm.workers import WorkerGroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,9 @@ class EngineConfig:
     `kv_cache_fraction` of the memory free once the model is loaded (on a GPU, its free memory,
     0.9 by default; on the CPU, the host's available memory, 0.1 by default). `max_model_len` None is the model's
     context length, capped by what the KV cache holds.
+
+    `tensor_parallel_size` N > 1 splits the model over N processes (this one and N - 1 workers,
+    `naiad.llm.workers`); the KV cache memory is then per rank, each holding its kv heads.
     """
 
     model: str | Path
@@ -42,6 +48,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # on CUDA: no CUDA graphs for decode steps
     quantization: str = "none"  # "int8": weight-only INT8 linears (naiad.llm.quantization)
+    tensor_parallel_size: int = 1
 
     def runner_config(self) -> RunnerConfig:
         # The runner's settings are a subset of the engine's, by the same names.
@@ -53,7 +60,8 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.runner = ModelRunner(config.runner_config())
+        self.workers: WorkerGroup | None = None
+        self.runner = self._start_runner() if config.tensor_parallel_size > 1 else ModelRunner(config.runner_config())
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -63,6 +71,34 @@ class LLMEngine:
         )
         self.eos_token_ids = read_eos_token_ids(config.model)
         self._request_ids = itertools.count()
+
+    def _start_runner(self) -> ModelRunner:
+        """Rank 0's runner, with the workers started and in the group; all stopped if one fails."""
+        size = self.config.tensor_parallel_size
+        check_shardable(read_args(self.config.model), size)  # before starting any process
+        check_devices(self.config.device, size)
+        check_no_group()  # another engine's group: failing later would tear it down
+        self.workers = workers = WorkerGroup(self.config.runner_config(), size)
+        try:
+            runner = ModelRunner(self.config.runner_config(), workers.join(self.config.device),
+                                 workers.send_step)
+            workers.wait_ready()
+        except Exception as error:
+            # A worker that failed to load makes rank 0's first collective fail: its own error says why.
+            reason = workers.start_failure()
+            self.close()
+            if reason is not None:
+                raise RuntimeError(reason) from error
+            raise
+        return runner
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers and leave the process group (nothing to do on one process)."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+            with contextlib.suppress(Exception):  # a group with a dead rank may not tear down cleanly
+                destroy_group()
 
     def _max_model_len(self) -> int:
         model_len = self.runner.args.max_model_len
@@ -119,7 +155,12 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """Run one model step; return the sequences that finished in it."""
         output = self.scheduler.schedule()
-        sampled, logprobs = self.runner.execute(output)
+        try:
+            sampled, logprobs = self.runner.execute(output)
+        except Exception:
+            if self.workers is not None:
+                self.workers.check(wait=1.0)  # a dead worker is why: raise WorkerDied, which says so
+            raise
         return self.scheduler.update(output, sampled, logprobs)
 
     def generate(

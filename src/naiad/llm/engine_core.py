@@ -11,6 +11,11 @@ without sleeping. `EngineClient` is the server's end: it starts the core (in a p
 a thread for tests and debugging), sends requests and aborts, and hands every message the
 core sends to a callback on its reader thread. If the core process dies, the callback gets
 `EngineFailed` for every request still open, and the client stops accepting work.
+
+With tensor parallelism the core is rank 0 and starts the workers itself (`naiad.llm.workers`).
+A step that fails because a worker died fails the open requests, as any failed step does, and
+then the core exits: the group cannot run without that rank, and a core that is gone is what
+makes the model instance not ready (until it is loaded again).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import msgspec
 from naiad.llm.engine import EngineConfig, LLMEngine
 from naiad.llm.sampling_params import SamplingParams
 from naiad.llm.sequence import Sequence, TokenLogprobs
+from naiad.llm.workers import WorkerDied
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +120,7 @@ _encoder = msgspec.msgpack.Encoder()
 
 def run_core(config: EngineConfig, conn: Connection) -> None:
     """The core's entry point (a process's target, or a thread's): build the engine, then loop."""
+    engine = None
     try:
         try:
             engine = LLMEngine(config)
@@ -127,6 +134,8 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the client went away: nothing left to serve
     finally:
+        if engine is not None:
+            engine.close()  # the tensor-parallel workers, if any
         conn.close()  # in a thread, this is what ends the client's reader
 
 
@@ -138,9 +147,10 @@ class EngineCore:
         self.conn = conn
         self._active: dict[str, Sequence] = {}
         self._sent: dict[str, int] = {}  # output tokens already sent, by request id
+        self._broken = False  # a tensor-parallel worker died: no step can run again
 
     def run(self) -> None:
-        while True:
+        while not self._broken:
             if not self._active:
                 self.conn.poll(None)  # idle: sleep until the client writes
             while self.conn.poll(0):
@@ -185,6 +195,7 @@ class EngineCore:
                 self.engine.abort_request(request_id)
             self._active.clear()
             self._sent.clear()
+            self._broken = isinstance(error, WorkerDied)
             return EngineFailed(f"the engine failed: {error}", failed)
         outputs = []
         for request_id, seq in list(self._active.items()):

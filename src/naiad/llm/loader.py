@@ -13,6 +13,7 @@ from safetensors import safe_open
 
 from naiad.llm import gguf
 from naiad.llm.models.llama import LlamaArgs, LlamaForCausalLM
+from naiad.llm.parallel import TensorParallel
 from naiad.llm.tokenizer import Tokenizer
 
 DTYPES = {
@@ -47,17 +48,27 @@ def resolve_dtype(dtype: str | torch.dtype, config: dict[str, Any]) -> torch.dty
 
 
 def load_model(
-    model: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
+    model: str | Path,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    tp: TensorParallel | None = None,
 ) -> LlamaForCausalLM:
-    """Build the model from a HF directory (config.json, safetensors) or a `.gguf` file."""
+    """Build the model from a HF directory (config.json, safetensors) or a `.gguf` file; under
+    tensor parallelism, this rank's shard of it."""
     if gguf.is_gguf(model):
         reader = GGUFReader(model)
         config = gguf.read_config(reader)
         args = LlamaArgs.from_hf_config(config)
-        return _build(args, resolve_dtype(dtype, config), device, gguf.read_weights(reader, args))
+        return _build(args, resolve_dtype(dtype, config), device, gguf.read_weights(reader, args), tp)
     config = read_config(model)
     args = LlamaArgs.from_hf_config(config)
-    return _build(args, resolve_dtype(dtype, config), device, _safetensors(Path(model)))
+    return _build(args, resolve_dtype(dtype, config), device, _safetensors(Path(model)), tp)
+
+
+def read_args(model: str | Path) -> LlamaArgs:
+    """The model's architecture alone (no weights read), from config.json or the GGUF metadata."""
+    config = gguf.read_config(GGUFReader(model)) if gguf.is_gguf(model) else read_config(model)
+    return LlamaArgs.from_hf_config(config)
 
 
 def _build(
@@ -65,11 +76,12 @@ def _build(
     dtype: torch.dtype,
     device: str | torch.device,
     weights: Iterator[tuple[str, torch.Tensor]],
+    tp: TensorParallel | None = None,
 ) -> LlamaForCausalLM:
     # On the meta device, parameters take no memory and no time to initialise: the checkpoint
     # overwrites them all (`load_weights` checks that it does).
     with torch.device("meta"):
-        model = LlamaForCausalLM(args)
+        model = LlamaForCausalLM(args, tp)
     model = model.to(dtype=dtype).to_empty(device=device)
     model.tie_weights()
     model.load_weights(weights)

@@ -4,11 +4,17 @@
 model and samples a token for every row that reaches its sequence's end. The block tables
 and the computed-token counts it reads are the scheduler's: the runner keeps no per-sequence
 state besides the generators of seeded requests.
+
+Under tensor parallelism every rank has a runner over its shard of the model and its own KV
+cache (its kv heads, the same block count on every rank). Rank 0's runner turns each step into
+a `StepPlan`, hands it to `send_step` (the workers' channel, `naiad.llm.workers`) and runs the
+same forward; the workers' runners run `forward_plan` on what they receive. Only rank 0 samples.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +26,7 @@ from naiad.llm.cpu_linear import can_prepack, prepack_linears
 from naiad.llm.cuda_graphs import DecodeGraphs
 from naiad.llm.kernels import triton_attention
 from naiad.llm.loader import load_model
+from naiad.llm.parallel import TensorParallel
 from naiad.llm.quantization import quantize_linears
 from naiad.llm.sampler import SamplingBatch, logprobs, sample
 from naiad.llm.scheduler import SchedulerOutput
@@ -45,6 +52,18 @@ class RunnerConfig:
     max_num_seqs: int = 256
     #: "int8": weight-only INT8 linears with per-channel scales, quantized at load (quantization.py)
     quantization: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One step's inputs as plain lists: what rank 0 sends every tensor-parallel worker."""
+
+    token_ids: list[int]
+    positions: list[int]
+    num_tokens: list[int]  # new tokens of each row
+    context_lens: list[int]
+    block_tables: list[list[int]]
+    logits_indices: list[int]
 
 
 @dataclass(slots=True)
@@ -90,10 +109,17 @@ def available_host_memory() -> int:
 class ModelRunner:
     """Owns torch: the model, `num_blocks` KV blocks per layer, and the sampler's generators."""
 
-    def __init__(self, config: RunnerConfig) -> None:
+    def __init__(
+        self,
+        config: RunnerConfig,
+        tp: TensorParallel | None = None,
+        send_step: Callable[[StepPlan], None] | None = None,
+    ) -> None:
         self.config = config
+        self.tp = tp = tp or TensorParallel.single()
+        self.send_step = send_step  # rank 0 of a tensor-parallel group: sends each step to the workers
         self.device = torch.device(config.device)
-        self.model = load_model(config.model, config.dtype, self.device)
+        self.model = load_model(config.model, config.dtype, self.device, tp)
         self.args = self.model.args
         self.dtype = self.model.model.embed_tokens.weight.dtype
         if config.quantization != "none":
@@ -102,23 +128,24 @@ class ModelRunner:
             prepack_linears(self.model)
         self.block_size = config.block_size
         self.kv_cache_memory = kv_cache_budget(config, self.device)
-        self.num_blocks = num_blocks_for(
-            self.kv_cache_memory,
-            config.block_size,
-            self.args.num_layers,
-            self.args.num_kv_heads,
-            self.args.head_dim,
-            self.dtype.itemsize,
+        # This rank's kv heads; every rank must have the same blocks (the block tables are shared).
+        num_kv_heads = self.args.num_kv_heads // tp.size
+        self.num_blocks = tp.min_int(
+            num_blocks_for(self.kv_cache_memory, config.block_size, self.args.num_layers, num_kv_heads,
+                           self.args.head_dim, self.dtype.itemsize),
+            self.device,
         )
         if self.num_blocks < 1:
             raise ValueError(f"the KV cache's {self.kv_cache_memory} bytes do not hold one KV block")
-        use_graphs = self.device.type == "cuda" and not config.enforce_eager and triton_attention.triton is not None
+        # Not under tensor parallelism: the workers would have to replay the same graphs.
+        use_graphs = (self.device.type == "cuda" and not config.enforce_eager and not tp.active
+                      and triton_attention.triton is not None)
         # The graphs' padded rows need a block of their own, past those the block manager owns.
         self.kv_caches = allocate_kv_caches(
             self.args.num_layers,
             self.num_blocks + 1 if use_graphs else self.num_blocks,
             config.block_size,
-            self.args.num_kv_heads,
+            num_kv_heads,
             self.args.head_dim,
             self.dtype,
             self.device,
@@ -172,10 +199,28 @@ class ModelRunner:
                     [seq.block_table[:w] for seq, w in zip(output.seqs, widths, strict=True)],
                     [c + 1 for c in computed],
                 )
-        inputs = self.prepare(output)
+        plan = self.plan(output)
+        if self.send_step is not None:
+            self.send_step(plan)
+        logits = self.forward_plan(plan)
+        assert logits is not None, "only rank 0 executes scheduler outputs"
+        return logits
+
+    def forward_plan(self, plan: StepPlan) -> torch.Tensor | None:
+        """The model's forward over one step (K/V written to the cache); logits on rank 0 only."""
+        inputs = self.inputs(plan)
         return self.model(inputs.token_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
 
     def prepare(self, output: SchedulerOutput) -> StepInputs:
+        return self.inputs(self.plan(output))
+
+    def inputs(self, plan: StepPlan) -> StepInputs:
+        meta = AttentionMetadata.build(plan.num_tokens, plan.context_lens, plan.block_tables, self.block_size,
+                                       self.device)
+        return StepInputs(self._tensor(plan.token_ids), self._tensor(plan.positions), meta,
+                          self._tensor(plan.logits_indices))
+
+    def plan(self, output: SchedulerOutput) -> StepPlan:
         """Flatten the rows: row `i` brings tokens `[c, c + num_tokens[i])` of its sequence."""
         token_ids: list[int] = []
         positions: list[int] = []
@@ -188,10 +233,8 @@ class ModelRunner:
             context_lens.append(computed + num_tokens)
             if row_samples:
                 logits_indices.append(len(token_ids) - 1)
-        meta = AttentionMetadata.build(
-            output.num_tokens, context_lens, [seq.block_table for seq in output.seqs], self.block_size, self.device
-        )
-        return StepInputs(self._tensor(token_ids), self._tensor(positions), meta, self._tensor(logits_indices))
+        return StepPlan(token_ids, positions, list(output.num_tokens), context_lens,
+                        [list(seq.block_table) for seq in output.seqs], logits_indices)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

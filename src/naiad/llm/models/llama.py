@@ -9,6 +9,9 @@ The forward works on a flattened variable-length batch (see `attention`): the ne
 every scheduled sequence back to back, with their positions. The q/k/v projections are fused
 into one `qkv_proj` and gate/up into one `gate_up_proj` (one GEMM each instead of three and
 two); `load_weights` slices Hugging Face's separate tensors into them.
+
+Under tensor parallelism (`naiad.llm.parallel`) each rank builds the model with its share of the
+heads, MLP columns and vocabulary, and `load_weights` copies only that share of each tensor.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch import nn
 
 from naiad.llm import kernels
 from naiad.llm.attention import AttentionMetadata, KVCache, paged_attention
+from naiad.llm.parallel import TensorParallel
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -204,11 +208,14 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, tp: TensorParallel) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.q_size = args.num_heads * args.head_dim
-        self.kv_size = args.num_kv_heads * args.head_dim
+        # This rank's heads: qkv_proj column-parallel, o_proj row-parallel (summed in forward).
+        self.tp = tp
+        self.num_heads, self.num_kv_heads = args.num_heads // tp.size, args.num_kv_heads // tp.size
+        self.head_dim = args.head_dim
+        self.q_size = self.num_heads * args.head_dim
+        self.kv_size = self.num_kv_heads * args.head_dim
         self.scale = args.head_dim**-0.5
         self.sliding_window = args.sliding_window
         self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
@@ -232,30 +239,33 @@ class Attention(nn.Module):
         else:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = paged_attention(q, k, v, cache, meta, self.scale, self.sliding_window)
-        return self.o_proj(out.flatten(1))
+        return self.tp.all_reduce(self.o_proj(out.flatten(1)))
 
 
 class MLP(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, tp: TensorParallel) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+        # This rank's columns: gate_up_proj column-parallel, down_proj row-parallel.
+        self.tp = tp
+        intermediate = args.intermediate_size // tp.size
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * intermediate, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(intermediate, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if kernels.supports(gate_up):
-            return self.down_proj(kernels.silu_mul(gate_up))
+            return self.tp.all_reduce(self.down_proj(kernels.silu_mul(gate_up)))
         gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, tp: TensorParallel) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args)
+        self.self_attn = Attention(args, tp)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args)
+        self.mlp = MLP(args, tp)
 
     def forward(
         self,
@@ -278,10 +288,12 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, tp: TensorParallel) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.tp, self.vocab_size = tp, args.vocab_size
+        # Vocab-parallel: this rank's rows of the vocabulary (all of them on one rank).
+        self.embed_tokens = nn.Embedding(tp.padded_vocab(args.vocab_size), args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args, tp) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rotary = RotaryEmbedding(args)
 
@@ -289,7 +301,7 @@ class LlamaModel(nn.Module):
         self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's output as (MLP output, residual stream): their sum, before the final norm."""
-        x = self.embed_tokens(token_ids)
+        x = self.tp.embed(self.embed_tokens.weight, token_ids, self.vocab_size)
         rope = self.rotary(positions, x.dtype)
         residual = None
         for layer, cache in zip(self.layers, kv_caches, strict=True):
@@ -311,11 +323,13 @@ _PACKED = {
 class LlamaForCausalLM(nn.Module):
     """The model and its LM head; parameter names follow Hugging Face's, fused where noted."""
 
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.args = args
-        self.model = LlamaModel(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.tp = tp = tp or TensorParallel.single()
+        self.model = LlamaModel(args, tp)
+        # Vocab-parallel: this rank's vocabulary columns of the logits, gathered on rank 0.
+        self.lm_head = nn.Linear(args.hidden_size, tp.padded_vocab(args.vocab_size), bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -333,15 +347,16 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
         logits_indices: torch.Tensor,
-    ) -> torch.Tensor:
-        """Logits `[len(logits_indices), vocab]` for the flattened tokens at `logits_indices`.
+    ) -> torch.Tensor | None:
+        """Logits `[len(logits_indices), vocab]` for the flattened tokens at `logits_indices`
+        (None on tensor-parallel ranks other than 0, which sample nothing).
 
         Every token's K/V is written to `kv_caches`; only the rows that sample need logits,
         and the final norm and LM head run on those rows alone.
         """
         hidden, residual = self.model(token_ids, positions, meta, kv_caches)
         normed, _ = self.model.norm.add_forward(hidden[logits_indices], residual[logits_indices])
-        return self.lm_head(normed)
+        return self.tp.gather_logits(self.lm_head(normed), self.args.vocab_size)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face tensors into the parameters (casting to their dtype); check that all came."""
@@ -357,9 +372,10 @@ class LlamaForCausalLM(nn.Module):
             if name not in params:
                 raise ValueError(f"unexpected weight {hf_name!r} for a {self.args.model_type} model")
             dest = self._part(name, params[name].data, part)
-            if dest.shape != tensor.shape:
-                raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
-            dest.copy_(tensor)
+            full = self._full_shape(name, dest)
+            if full != tuple(tensor.shape):
+                raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {full}")
+            self._copy_shard(name, dest, tensor)
             loaded[name].add(part)
         missing = sorted(name for name, parts in loaded.items() if len(parts) != expected[name])
         if missing:
@@ -381,8 +397,44 @@ class LlamaForCausalLM(nn.Module):
     def _part(self, name: str, param: torch.Tensor, part: int) -> torch.Tensor:
         """The rows of a fused parameter that one Hugging Face tensor fills (all of the others)."""
         if ".qkv_proj." in name:
-            q, kv = self.args.num_heads * self.args.head_dim, self.args.num_kv_heads * self.args.head_dim
-            return param.split([q, kv, kv])[part]
+            attn = self.model.layers[0].self_attn
+            return param.split([attn.q_size, attn.kv_size, attn.kv_size])[part]
         if ".gate_up_proj." in name:
             return param.chunk(2)[part]
         return param
+
+    # The dimension each tensor-parallel weight is split along (the others are whole on every rank).
+    _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+    @staticmethod
+    def _split_dim(name: str) -> int | None:
+        if ".qkv_proj." in name or ".gate_up_proj." in name:
+            return 0  # column-parallel: output rows (weight and bias)
+        if (".o_proj." in name or ".down_proj." in name) and name.endswith(".weight"):
+            return 1  # row-parallel: input columns
+        return None
+
+    def _full_shape(self, name: str, dest: torch.Tensor) -> tuple[int, ...]:
+        """The checkpoint's shape of the tensor whose shard `dest` is on this rank."""
+        shape = list(dest.shape)
+        if name in self._VOCAB:
+            shape[0] = self.args.vocab_size
+        elif (dim := self._split_dim(name)) is not None:
+            shape[dim] *= self.tp.size
+        return tuple(shape)
+
+    def _copy_shard(self, name: str, dest: torch.Tensor, tensor: torch.Tensor) -> None:
+        """Copy this rank's share of the checkpoint's `tensor` into `dest`."""
+        tp = self.tp
+        if not tp.active:
+            dest.copy_(tensor)
+        elif name in self._VOCAB:
+            first, end = tp.vocab_rows(self.args.vocab_size)
+            dest.zero_()  # the last rank's padding rows: zero logits, never looked up
+            dest[: end - first].copy_(tensor[first:end])
+        elif (dim := self._split_dim(name)) is not None:
+            dest.copy_(tp.shard(tensor, dim))
+        elif (".o_proj." in name or ".down_proj." in name) and tp.rank != 0:
+            dest.zero_()  # a row-parallel bias: added once to the sum, by rank 0
+        else:
+            dest.copy_(tensor)
