@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from naiad.config.options import GrpcOptions, ServerOptions
+from naiad.config.options import AccessOptions, GrpcOptions, ServerOptions
 from naiad.errors import NaiadError
 from naiad.observability.statistics import LatencySettings
 from naiad.observability.tracing import Tracer, settings_from_flags
@@ -58,12 +58,16 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--http-read-timeout-secs", type=float, default=60.0,
+                   help="naiad: seconds a client has to send a whole request (headers and body) once it "
+                        "starts one, or to start one on a new connection; then 408 and close (0: no limit)")
     p.add_argument("--http-header-forward-pattern", default="",
                    help="regex: matching HTTP headers become request parameters")
     _add_bool(p, "--allow-grpc", True, "serve gRPC")
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
     _grpc_flags(p)
+    _access_flags(p)
     _add_bool(p, "--allow-client-shm", False, "let clients register system shared memory regions")
     _add_bool(p, "--allow-metrics", True, "serve Prometheus metrics at /metrics on --metrics-port")
     _add_bool(p, "--allow-cpu-metrics", True, "include nv_cpu_utilization and the host's memory")
@@ -121,6 +125,10 @@ def _grpc_flags(p: argparse.ArgumentParser) -> None:
                    help="accepted for tritonserver compatibility; naiad's gRPC frontend uses no thread pool")
     p.add_argument("--grpc-transport", choices=["naiad", "grpcio"], default="naiad",
                    help="naiad: own asyncio HTTP/2 (fast); grpcio: grpc.aio's server")
+    p.add_argument("--grpc-handshake-timeout-secs", type=float, default=120.0,
+                   help="naiad: seconds a new connection has to send the HTTP/2 preface and its first "
+                        "frame (gRPC core's server handshake timeout), and any frame to complete once "
+                        "begun; then it is closed (0: no limit)")
 
 
 def _grpc_options(args: argparse.Namespace) -> GrpcOptions:
@@ -141,7 +149,41 @@ def _grpc_options(args: argparse.Namespace) -> GrpcOptions:
         header_forward_pattern=args.grpc_header_forward_pattern,
         infer_thread_count=args.grpc_infer_thread_count,
         transport=args.grpc_transport,
+        handshake_timeout_secs=args.grpc_handshake_timeout_secs,
     )
+
+
+def _access_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--http-restricted-api", action="append", default=[], metavar="<API>,...:<KEY>=<VALUE>",
+                   help="API groups (health, metadata, inference, shared-memory, model-config, model-repository, "
+                        "statistics, trace, logging) that need the HTTP header KEY: VALUE (repeatable)")
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="<API>,...:<KEY>=<VALUE>",
+                   help="API groups that need the gRPC metadata triton-grpc-protocol-KEY: VALUE (repeatable)")
+    p.add_argument("--auth-token", default=None,
+                   help="naiad: require 'Authorization: Bearer TOKEN' (gRPC metadata 'authorization') on every "
+                        "HTTP and gRPC endpoint but health; visible in ps: prefer --auth-token-file or "
+                        "NAIAD_AUTH_TOKEN")
+    p.add_argument("--auth-token-file", default=None, help="naiad: read the bearer token from this file")
+    _add_bool(p, "--auth-health", False, "naiad: the bearer token guards the health endpoints too")
+    p.add_argument("--http-ssl-cert", default="", help="naiad: serve HTTPS with this PEM certificate (chain)")
+    p.add_argument("--http-ssl-key", default="", help="naiad: the PEM private key of --http-ssl-cert")
+
+
+def _access_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AccessOptions:
+    from naiad.frontends.access import GRPC_HEADER_PREFIX, parse_restricted, read_token
+
+    try:
+        http = parse_restricted(args.http_restricted_api, "http-restricted-api", "api")
+        grpc = parse_restricted(args.grpc_restricted_protocol, "grpc-restricted-protocol", "protocol",
+                                GRPC_HEADER_PREFIX)
+        token = read_token(args.auth_token, args.auth_token_file, os.environ)
+    except ValueError as error:
+        parser.error(str(error))
+    if bool(args.http_ssl_cert) != bool(args.http_ssl_key):
+        parser.error("HTTPS needs both --http-ssl-cert and --http-ssl-key")
+    return AccessOptions(http_restricted=http, grpc_restricted=grpc, auth_token=token,
+                         auth_health=args.auth_health, http_ssl_cert=args.http_ssl_cert,
+                         http_ssl_key=args.http_ssl_key)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -188,6 +230,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         http_address=args.http_address,
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
+        http_read_timeout_secs=args.http_read_timeout_secs,
         http_header_forward_pattern=args.http_header_forward_pattern,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
@@ -207,6 +250,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         server_id=args.id,
         backend_config=backend_config,
         response_cache_bytes=_response_cache_bytes(args.cache_config, args.response_cache_byte_size, parser),
+        access=_access_options(args, parser),
     )
 
 

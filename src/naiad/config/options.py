@@ -26,6 +26,23 @@ class GrpcOptions:
     header_forward_pattern: str = ""
     infer_thread_count: int = 2  # accepted for tritonserver compatibility; no thread pool is used
     transport: str = "naiad"  # naiad (own asyncio HTTP/2) | grpcio (grpc.aio server)
+    # naiad's own: a connection must send the HTTP/2 preface and its first frame within this
+    # (gRPC core's server handshake timeout, 120 s), and finish any frame it begins; 0 = no limit
+    handshake_timeout_secs: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class AccessOptions:
+    """Who may call the HTTP and gRPC APIs: Triton's restricted API groups, naiad's bearer
+    token, and naiad's HTTPS files (gRPC TLS is in GrpcOptions)."""
+
+    # API group → (header, value) a request to it must carry (frontends/access.py parses them)
+    http_restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    grpc_restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    auth_token: str = ""  # "": no bearer token asked
+    auth_health: bool = False  # the token also guards the health group (else probes stay open)
+    http_ssl_cert: str = ""
+    http_ssl_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +62,9 @@ class ServerOptions:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
+    # naiad's own: a request's headers and body (or a new connection's first request) must arrive
+    # within this many seconds of its first byte, else 408 and close (slow clients); 0 = no limit
+    http_read_timeout_secs: float = 60.0
     http_header_forward_pattern: str = ""
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
@@ -64,3 +84,4 @@ class ServerOptions:
     server_id: str = "triton"
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     response_cache_bytes: int = 0  # --cache-config local,size=N; 0: no response cache
+    access: AccessOptions = field(default_factory=AccessOptions)

@@ -1,8 +1,11 @@
 """Run the server: load models, serve HTTP and gRPC, poll the repository, drain on SIGTERM / Ctrl-C.
 
-Draining follows Triton: on the first stop signal the server turns not-ready but keeps
-answering until in-flight inferences finish or --exit-timeout-secs passes; only then does it
-stop listening and unload the models. A second signal stops waiting.
+Draining follows Triton: on the first stop signal the server turns not-ready and the HTTP
+listener refuses new connections (as Triton, server PR #6986); connections already open, and
+gRPC, keep being answered until in-flight inferences finish or --exit-timeout-secs passes; only
+then does gRPC stop listening and the models unload. The exit status is 0 when everything
+drained, else 1 ("Exit timeout expired. Exiting immediately."). A second signal stops waiting
+at once (Triton ignores it and waits out the timeout).
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 
 from naiad.config.options import ServerOptions
 from naiad.core.server import InferenceServer
 from naiad.errors import NaiadError
+from naiad.frontends.access import Gate
 from naiad.frontends.grpc.server import GrpcService
+from naiad.frontends.http.access import http_gates
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.service import HttpService
 from naiad.observability.logs import LogSettings
@@ -40,7 +46,10 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
         log.error("%s", error)
         await loop.run_in_executor(None, server.stop)
         return 1
-    http = HttpService(HttpApp(server, options.http_max_input_size), options.http_address, options.http_port)
+    http = HttpService(HttpApp(server, options.http_max_input_size, _http_gates(options)),
+                       options.http_address, options.http_port,
+                       tls=(options.access.http_ssl_cert, options.access.http_ssl_key),
+                       read_timeout=options.http_read_timeout_secs)
     grpc_service = GrpcService(server, options)
     metrics: MetricsServer | None = None
     try:
@@ -54,7 +63,7 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
     poller = asyncio.create_task(_poll(server)) if options.model_control_mode == "poll" else None
     drained = False
     try:
-        drained = await _wait_for_stop(server, options.exit_timeout_secs)
+        drained = await _wait_for_stop(server, options.exit_timeout_secs, http.stop_accepting)
     finally:
         if poller is not None:
             poller.cancel()
@@ -69,6 +78,11 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
         await loop.run_in_executor(None, server.stop, options.exit_timeout_secs if drained else 0.0)
     log.info("exiting")
     return 0 if drained else 1
+
+
+def _http_gates(options: ServerOptions) -> dict[str, Gate]:
+    access = options.access
+    return http_gates(access.http_restricted, access.auth_token, access.auth_health)
 
 
 def _metrics_server(options: ServerOptions, server: InferenceServer) -> MetricsServer | None:
@@ -91,7 +105,7 @@ async def _start_frontends(options: ServerOptions, http: HttpService, grpc_servi
         await grpc_service.start()
 
 
-async def _wait_for_stop(server: InferenceServer, drain_secs: float) -> bool:
+async def _wait_for_stop(server: InferenceServer, drain_secs: float, stop_accepting: Callable[[], None]) -> bool:
     """Wait for a stop signal, then for in-flight inferences; False when they did not drain in time."""
     loop = asyncio.get_running_loop()
     signals = asyncio.Queue[int]()
@@ -100,6 +114,7 @@ async def _wait_for_stop(server: InferenceServer, drain_secs: float) -> bool:
     try:
         await signals.get()
         server.stopping = True
+        stop_accepting()
         log.info("stop requested: draining %d in-flight inference(s)", server.inflight)
         deadline = time.monotonic() + drain_secs
         while server.inflight > 0 and time.monotonic() < deadline and signals.empty():

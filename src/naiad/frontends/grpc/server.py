@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2
 from naiad.config.options import ServerOptions
 from naiad.core.server import InferenceServer
 from naiad.errors import Unavailable
+from naiad.frontends.grpc.access import grpc_gates, guard
 from naiad.frontends.grpc.grpcio_server import GrpcioServer
 from naiad.frontends.grpc.health import HealthService
 from naiad.frontends.grpc.service import GrpcInferenceService
@@ -50,6 +51,7 @@ class GrpcService:
         self.host, self.port = options.grpc_address, options.grpc_port
         self.options = options.grpc
         self.transport_name = options.grpc.transport
+        self.access = options.access
         self._transport: Transport | None = None
 
     async def start(self) -> None:
@@ -67,6 +69,10 @@ class GrpcService:
         compression = COMPRESSION[self.options.response_compression_level]
         service = GrpcInferenceService(self.server, self.options.header_forward_pattern, compression)
         health = HealthService(self.server)
+        access = self.access
+        gated = grpc_gates(access.grpc_restricted, access.auth_token, access.auth_health)
+        if gated:
+            guard([service, health], gated)
         if self.transport_name == "grpcio":
             return GrpcioServer(service, health, self.options, tls)
         table = routes([(service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], service),

@@ -10,7 +10,9 @@ import logging
 
 from naiad.core.server import InferenceServer
 from naiad.errors import NaiadError
+from naiad.frontends.access import Gate
 from naiad.frontends.http import handlers
+from naiad.frontends.http.access import NO_ROUTE, check
 from naiad.frontends.http.compression import choose_encoding, compress, decompress
 from naiad.frontends.http.reply import Reply, error_reply
 from naiad.frontends.http.routes import Route, match
@@ -22,14 +24,20 @@ _ACTIONS = {action for action, _ in handlers.HANDLERS}
 
 
 class HttpApp:
-    def __init__(self, server: InferenceServer, max_input_size: int) -> None:
+    def __init__(self, server: InferenceServer, max_input_size: int, gates: dict[str, Gate] | None = None) -> None:
         self.server = server
         self.max_input_size = max_input_size
+        self.gates = gates or None  # route action → access check (http/access.py); None: no checks
 
     async def dispatch(self, method: str, path: str, headers: Headers,
                        body: bytes) -> tuple[Reply, list[tuple[bytes, bytes]]]:
         """Answer one request; returns the reply and any extra response headers."""
         route = match(path)
+        if self.gates is not None:
+            gate = self.gates.get(route.action if route is not None else NO_ROUTE)
+            refused = check(gate, headers) if gate is not None else None
+            if refused is not None:
+                return refused, []
         try:
             reply = await self._handle(method, route, headers, body)
         except NaiadError as error:

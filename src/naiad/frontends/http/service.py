@@ -7,13 +7,17 @@ import logging
 
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.protocol import Connections, HttpProtocol
+from naiad.frontends.http.tls import http_ssl_context
 
 log = logging.getLogger(__name__)
 
 
 class HttpService:
-    def __init__(self, app: HttpApp, host: str, port: int, backlog: int = 4096) -> None:
+    def __init__(self, app: HttpApp, host: str, port: int, backlog: int = 4096,
+                 read_timeout: float = 0.0, tls: tuple[str, str] = ("", "")) -> None:
         self.app = app
+        self.read_timeout = read_timeout  # --http-read-timeout-secs; 0: no limit
+        self.tls = tls  # (--http-ssl-cert, --http-ssl-key); empty: plain HTTP
         self.host = host
         self.port = port
         self.backlog = backlog
@@ -23,11 +27,17 @@ class HttpService:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         max_body = self.app.max_input_size
+        context = http_ssl_context(*self.tls)  # Unavailable (a start-up error) when unusable
         self._server = await loop.create_server(
-            lambda: HttpProtocol(self.app.dispatch, max_body, self.connections),
-            self.host, self.port, backlog=self.backlog, reuse_address=True,
+            lambda: HttpProtocol(self.app.dispatch, max_body, self.connections, self.read_timeout),
+            self.host, self.port, backlog=self.backlog, reuse_address=True, ssl=context,
         )
-        log.info("Started HTTPService at %s:%d", self.host, self.port)
+        log.info("Started HTTPService at %s:%d%s", self.host, self.port, " (HTTPS)" if context else "")
+
+    def stop_accepting(self) -> None:
+        """Shutdown has begun: refuse new connections (as Triton, server PR #6986); open ones go on."""
+        if self._server is not None:
+            self._server.close()
 
     def busy(self) -> int:
         """Connections with a request being answered or queued."""
