@@ -32,6 +32,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, Model, ModelInstance, RequestResult
 from naiad.backends.pytorch_naming import INDEXED, Argument, bind_inputs, bind_outputs, flatten_result
+from naiad.backends.pytorch_safe_load import load_exported_safely
 from naiad.backends.pytorch_settings import Settings, apply_inter_op_threads, parse_settings
 from naiad.config.autocomplete import ModelTensor, complete_io_from_model, model_file_path
 from naiad.errors import InternalError, InvalidArgument, Unavailable
@@ -93,8 +94,8 @@ def load_exported(path: Path) -> torch.export.ExportedProgram:
             "(write the program with torch.export.save instead of aoti_compile_and_package)"
         )
     try:
-        with _export_load_lock:
-            return torch.export.load(str(path))
+        with _export_load_lock:  # also: the pickle guard below changes process-wide state
+            return load_exported_safely(path)
     except Exception as error:
         raise InvalidArgument(
             f"unable to load torch.export program '{path}': {_reason(error)} (a model.pt2 must be "

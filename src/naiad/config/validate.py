@@ -54,6 +54,21 @@ def validate_config(config: ModelConfig, model_name: str, *, gpus: Collection[in
     _check_warmup(config, name)
 
 
+def check_model_filenames(config: ModelConfig, name: str) -> None:
+    """The model file names a config gives stay inside the version directory: a config can come
+    from a client (the load API's `config`), and backends open, or run, the file it names.
+    Triton documents no such check. Run before auto-complete, which opens the file."""
+    named = {"default_model_filename": config.default_model_filename,
+             **{f"cc_model_filenames[{key}]": value for key, value in config.cc_model_filenames.items()}}
+    for field, filename in named.items():
+        parts = filename.replace("\\", "/").split("/")
+        if filename.startswith(("/", "\\")) or ".." in parts or (len(filename) > 1 and filename[1] == ":"):
+            raise InvalidArgument(
+                f"model '{name}': {field} '{filename}' must name a file inside the version directory "
+                "(no absolute path, no '..')"
+            )
+
+
 def _check_name(config: ModelConfig, model_name: str) -> None:
     if config.name and config.name != model_name:
         raise InvalidArgument(

@@ -12,7 +12,7 @@ from naiad.backends.registry import backend_class
 from naiad.config.autocomplete import fill_defaults, resolve_backend
 from naiad.config.model_config import read_model_config
 from naiad.config.options import ServerOptions
-from naiad.config.validate import validate_config
+from naiad.config.validate import check_model_filenames, validate_config
 from naiad.core.cache import ResponseCache
 from naiad.core.ensemble import ENSEMBLE_PLATFORM, EnsembleModel
 from naiad.core.model import LoadedVersion
@@ -36,6 +36,7 @@ def prepare_config(
             config.CopyFrom(found)
     if not config.name:
         config.name = name
+    check_model_filenames(config, name)
     versions = version_dirs(model_dir)
     first = versions[min(versions)] if versions else None
     resolve_backend(config, model_dir, first, model_name=name)

@@ -312,6 +312,10 @@ class MetricsServer:
         page = metrics
 
         class Handler(BaseHTTPRequestHandler):
+            # Each connection has a thread: one that sends nothing for this long is dropped, so
+            # silent connections cannot pile threads up (a scrape takes milliseconds).
+            timeout = 30
+
             def do_GET(self) -> None:
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404, "Not Found")

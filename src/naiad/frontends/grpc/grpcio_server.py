@@ -28,6 +28,7 @@ def channel_options(options: GrpcOptions) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", options.http2_max_pings_without_data),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", options.http2_min_recv_ping_interval_without_data_ms),
         ("grpc.http2.max_ping_strikes", options.http2_max_ping_strikes),
+        ("grpc.server_handshake_timeout_ms", int(options.handshake_timeout_secs * 1000)),
         # A port another process holds is an error, not a silently shared listener.
         ("grpc.so_reuseport", 0),
     ]

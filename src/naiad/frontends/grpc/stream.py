@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 FINAL = "triton_final_response"
 GRPC_ERROR_HEADER = "triton_grpc_error"
 _DONE = object()  # queued once the client has half-closed and every request is answered
+# Requests one stream may have running or answered-but-unwritten; past it the stream stops
+# reading, so the transport's flow control holds the client back instead of memory growing.
+MAX_IN_FLIGHT = 64
 
 
 class StreamSession:
@@ -50,6 +53,7 @@ class StreamSession:
         self.ordered: collections.deque[asyncio.Future[list[Any]]] = collections.deque()
         self.tasks: set[asyncio.Task[None]] = set()
         self.reading = True
+        self.room = asyncio.Event()  # set whenever a request finishes or an answer is written
 
     async def run(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
         """Serve the stream until the client half-closes and every answer is written."""
@@ -61,6 +65,7 @@ class StreamSession:
                 if isinstance(item, NaiadError):
                     await self.context.abort(grpc_code(item.status), item.message)
                 await self.context.write(item)
+                self.room.set()
         finally:
             reader.cancel()
             for task in list(self.tasks):
@@ -69,6 +74,9 @@ class StreamSession:
     async def _read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
         try:
             async for message in requests:
+                while self._occupancy() >= MAX_IN_FLIGHT:
+                    self.room.clear()
+                    await self.room.wait()
                 self._start(message)
         except asyncio.CancelledError:
             raise
@@ -146,8 +154,13 @@ class StreamSession:
             for answer in self.ordered.popleft().result():
                 self.outbox.put_nowait(answer)
 
+    def _occupancy(self) -> int:
+        """Requests running or waiting for their turn (`ordered`), plus answers not yet written."""
+        return max(len(self.tasks), len(self.ordered)) + self.outbox.qsize()
+
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
+        self.room.set()
         self._maybe_done()
 
     def _maybe_done(self) -> None:

@@ -8,6 +8,11 @@ separately, and skipping ASGI's message dicts and middleware saves the rest.
 Requests on one connection are answered in order (HTTP/1.1 pipelining): they queue and run one
 at a time, and reading pauses while the queue is non-empty.
 
+Slow clients: a request's headers and body, and a new connection's first request, must arrive
+within `read_timeout` seconds of their first byte (--http-read-timeout-secs), else 408 and close,
+so connections that dribble bytes (slowloris) cannot pile up. A body whose Content-Length is over
+the limit is refused as soon as its headers are in; the rest is read and dropped, never kept.
+
 A `StreamReply` (the generate_stream endpoint) is written as it is produced, in chunked transfer
 encoding, waiting whenever the client reads slower than the server writes.
 """
@@ -33,11 +38,13 @@ Dispatch = Callable[[str, str, Headers, bytes], Awaitable[tuple[Reply, list[tupl
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _LARGE_BODY = 64 * 1024  # above this, write head and body separately instead of joining them
+# Request line and headers; past it 431 (the parser would keep growing one header value).
+MAX_HEAD = 64 * 1024
 
 
 class _Request:
-    __slots__ = ("body", "chunked_ok", "completed_ns", "headers", "keep_alive", "method", "started_ns", "too_large",
-                 "url")
+    __slots__ = ("answered", "body", "chunked_ok", "completed_ns", "headers", "keep_alive", "method", "started_ns",
+                 "too_large", "url")
 
     def __init__(self) -> None:
         self.started_ns = time.monotonic_ns()  # made when its first byte is parsed
@@ -49,6 +56,7 @@ class _Request:
         self.keep_alive = True
         self.chunked_ok = True  # HTTP/1.0 clients know no chunked encoding
         self.too_large = False
+        self.answered = False  # refused before its body arrived: nothing is left to do at its end
 
 
 class Connections:
@@ -67,10 +75,15 @@ class Connections:
 
 
 class HttpProtocol(asyncio.Protocol):
-    def __init__(self, dispatch: Dispatch, max_body: int, connections: Connections) -> None:
+    def __init__(self, dispatch: Dispatch, max_body: int, connections: Connections, read_timeout: float = 0.0) -> None:
         self.dispatch = dispatch
         self.max_body = max_body
         self.connections = connections
+        self.read_timeout = read_timeout  # seconds; 0: wait for slow clients for ever
+        self.deadline: asyncio.TimerHandle | None = None  # armed while a request is being received
+        self.reading = False  # a request's first byte is in, its last is not
+        self.in_head = False  # a request's line and headers are being received
+        self.head_size = 0  # bytes of whole reads spent on the current head
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.current = _Request()
@@ -90,9 +103,11 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.connections.open.add(self)
+        self._arm()  # a connection that never sends a request is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.open.discard(self)
+        self._disarm()
         self.queue.clear()
         if self.task is not None:
             self.task.cancel()  # nobody is left to read the answer
@@ -106,12 +121,21 @@ class HttpProtocol(asyncio.Protocol):
         self.writable.set()
 
     def data_received(self, data: bytes) -> None:
+        continuing_head = self.in_head
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(400, b'{"error":"protocol upgrade is not supported"}')
+            return
         except httptools.HttpParserError as error:
             self._fail(400, b'{"error":"malformed HTTP request: ' + str(error).encode()[:200] + b'"}')
+            return
+        # Only reads that began inside a head count (one that started a head may end another
+        # request's body): the limit is exact to within one read.
+        if continuing_head and self.in_head:
+            self.head_size += len(data)
+            if self.head_size > MAX_HEAD:
+                self._fail(431, b'{"error":"request line and headers exceed %d bytes"}' % MAX_HEAD)
 
     def close(self) -> None:
         if self.transport is not None:
@@ -122,6 +146,11 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.current = _Request()
         self.size = 0
+        self.reading = True
+        self.in_head = True
+        self.head_size = 0
+        if self.deadline is None:
+            self._arm()
 
     def on_url(self, url: bytes) -> None:
         self.current.url += url
@@ -130,6 +159,13 @@ class HttpProtocol(asyncio.Protocol):
         self.current.headers[name.lower()] = value
 
     def on_headers_complete(self) -> None:
+        self.in_head = False
+        if self._declares_too_large():
+            self.current.too_large = True
+            if not self.busy:  # answer now, before the body; queued replies go first otherwise
+                self.current.answered = True
+                self._write(_too_large(self.max_body), [], keep_alive=False, close=False)
+            return  # and no 100 Continue: the client need not send the body at all
         # Clients that send `Expect: 100-continue` (curl, for bodies over 1 MiB) wait for this
         # before sending the body.
         if self.current.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
@@ -146,6 +182,11 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         request = self.current
+        self.reading = False
+        self._disarm()
+        if request.answered:
+            self.close()  # its 400 went out with `connection: close` when the headers came
+            return
         request.completed_ns = time.monotonic_ns()
         request.method = self.parser.get_method().decode("ascii")
         request.keep_alive = self.parser.should_keep_alive()
@@ -156,6 +197,34 @@ class HttpProtocol(asyncio.Protocol):
         elif self.transport is not None and not self.paused:
             self.transport.pause_reading()  # pipelined requests wait their turn
             self.paused = True
+
+    def _declares_too_large(self) -> bool:
+        length = self.current.headers.get(b"content-length")
+        return length is not None and length.strip().isdigit() and int(length) > self.max_body
+
+    # -- slow clients --------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        if self.read_timeout > 0:
+            self.deadline = asyncio.get_running_loop().call_later(self.read_timeout, self._read_timed_out)
+
+    def _disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def _read_timed_out(self) -> None:
+        self.deadline = None
+        if self.busy:
+            # A pipelined request waits while we answer the one before: the wait is ours.
+            self._arm()
+        elif self.reading:
+            log.debug("closing a connection whose request did not arrive within %s s", self.read_timeout)
+            message = (f'{{"error":"request not received within {self.read_timeout:g} s '
+                       '(--http-read-timeout-secs)"}').encode()
+            self._fail(408, message)
+        else:
+            self.close()  # opened, and never sent a byte
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -193,7 +262,9 @@ class HttpProtocol(asyncio.Protocol):
         self.task = None
         self._next()
 
-    def _write(self, reply: Reply, extra: list[tuple[bytes, bytes]], keep_alive: bool) -> None:
+    def _write(self, reply: Reply, extra: list[tuple[bytes, bytes]], keep_alive: bool, close: bool = True) -> None:
+        """Write one reply; without keep-alive the connection then closes, unless `close` is False
+        (a refusal sent before the body arrived: the body is read and dropped first)."""
         transport = self.transport
         if transport is None:
             return
@@ -206,7 +277,7 @@ class HttpProtocol(asyncio.Protocol):
             transport.write(b"".join(head))
         if reply.on_sent is not None:
             reply.on_sent(sending, time.monotonic_ns())
-        if not keep_alive:
+        if not keep_alive and close:
             transport.close()
 
     async def _stream(self, reply: StreamReply, extra: list[tuple[bytes, bytes]], keep_alive: bool,

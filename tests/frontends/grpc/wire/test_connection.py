@@ -325,3 +325,44 @@ def test_keepalive_pings_and_gives_up_without_an_answer() -> None:
         client.connection.connection_lost(None)
 
     run(body)
+
+
+def test_a_stream_whose_reader_falls_behind_gets_no_window_back_until_it_catches_up() -> None:
+    """Back-pressure: requests queued unread hold back the stream's window, so a client cannot
+    stream faster than the server consumes; reading them gives the window back."""
+    release = asyncio.Event()
+    read: list[str] = []
+
+    async def slow_reader(requests: AsyncIterator[Request], context: Any) -> None:
+        await release.wait()
+        async for request in requests:
+            read.append(request.id)
+
+    async def body() -> None:
+        client = Client(routes={b"/t.S/Slow": Route("Slow", Request, slow_reader, True, True)})
+        client.send(client.headers(1, "/t.S/Slow"))
+        payload = Request(id="x", raw_input_contents=[b"\0" * ((1 << 20) - 64)]).SerializeToString()
+        message = b"\x00" + len(payload).to_bytes(4, "big") + payload
+        window, sent = 8 << 20, 0  # the stream window the server announced; what we sent
+
+        def granted() -> int:
+            frames = client.received().get(1, Stream()).frames
+            given = sum(f.parse_u32(x.payload, "WINDOW_UPDATE") for x in frames if x.kind == f.WINDOW_UPDATE)
+            frames.clear()
+            return given
+
+        for _ in range(30):  # a client that would stream 30 MiB, within the window it is given
+            window += granted()
+            if window < len(message):
+                break
+            client.send(f.frame(f.DATA, 0, 1, message))
+            window -= len(message)
+            sent += 1
+            await settle()
+        assert sent < 16  # held back: the window stopped coming while the reader was behind
+        release.set()
+        await settle()
+        assert len(read) == sent
+        assert granted() > 0  # caught up: the window is back
+
+    run(body)

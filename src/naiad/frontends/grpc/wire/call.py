@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _END = object()  # the client half-closed the stream
+_BACKLOG = 4  # messages of a stream waiting unread before its window is held back
 _HIDDEN = frozenset({b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"})
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
@@ -185,9 +186,15 @@ class Call:
             raise CallError(grpc.StatusCode.INTERNAL, f"grpc: {problem} for a unary call")
         return self._parse(self.requests.pop())
 
+    def backlogged(self) -> bool:
+        """Requests of a stream wait unread: hold back the client's window (back-pressure)."""
+        return self.queue is not None and self.queue.qsize() >= _BACKLOG
+
     async def _stream_requests(self) -> AsyncIterator[Message]:
         assert self.queue is not None
         while (item := await self.queue.get()) is not _END:
+            if not self.backlogged():
+                self.connection.refill(self)
             yield self._parse(item)
 
     def _parse(self, data: bytes) -> Message:

@@ -68,6 +68,11 @@ class Connection(asyncio.Protocol):
         self.emit(f.settings(ours) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
         self.flush()
         self._schedule_keepalive()
+        if self.options.handshake_timeout_secs > 0:
+            # A client that never completes the preface and a first frame holds a socket for
+            # nothing (a slow-client attack): gRPC core gives it 120 s, so does naiad by default.
+            loop = asyncio.get_running_loop()
+            self._timers["handshake"] = loop.call_later(self.options.handshake_timeout_secs, self._handshake_timed_out)
 
     def data_received(self, data: bytes) -> None:
         self.flush_scheduled = True  # what this data makes us send goes out in one write, below
@@ -76,6 +81,7 @@ class Connection(asyncio.Protocol):
                 data = self._take_preface(data)
             for frame in self.reader.feed(data):
                 self._on_frame(frame)
+            self._time_partial_frame()
         except f.ProtocolError as error:
             log.debug("HTTP/2 protocol error from a gRPC client: %s", error)
             self.close(error.code, str(error).encode())
@@ -117,6 +123,8 @@ class Connection(asyncio.Protocol):
         return data[need:]
 
     def _on_frame(self, frame: f.Frame) -> None:
+        if "handshake" in self._timers:
+            self._timers.pop("handshake").cancel()
         if self.partial is not None and frame.kind != f.CONTINUATION:
             raise f.ProtocolError("a header block was interrupted")
         handler = _HANDLERS.get(frame.kind)
@@ -136,10 +144,17 @@ class Connection(asyncio.Protocol):
             return  # a call already answered or reset: its data is dropped
         end = bool(frame.flags & f.END_STREAM)
         call.recv_window -= size
-        if not end and call.recv_window < STREAM_WINDOW // 2:
-            self.emit(f.window_update(frame.stream_id, STREAM_WINDOW - call.recv_window))
-            call.recv_window = STREAM_WINDOW
+        if not end and not call.backlogged():
+            self.refill(call)
         call.receive(f.unpad(frame.flags, frame.payload), end)
+
+    def refill(self, call: Call) -> None:
+        """Give a call's window back to the client once half of it is used. A streaming call
+        whose reader has fallen behind gets it only as the reader catches up (Call.backlogged):
+        that is what stops a client from streaming requests faster than they are served."""
+        if call.recv_window < STREAM_WINDOW // 2 and not call.remote_closed:
+            self.emit(f.window_update(call.stream_id, STREAM_WINDOW - call.recv_window))
+            call.recv_window = STREAM_WINDOW
 
     def _on_headers(self, frame: f.Frame) -> None:
         block = f.unpad(frame.flags, frame.payload)
@@ -340,6 +355,26 @@ class Connection(asyncio.Protocol):
             loop = asyncio.get_running_loop()
             self._timers["ping_timeout"] = loop.call_later(self.pings.timeout_s, self._ping_timed_out)
         self._schedule_keepalive()
+
+    def _time_partial_frame(self) -> None:
+        """A frame begun must end within the handshake timeout too: a client dribbling one
+        frame a byte at a time (slowloris after the preface) is closed like a slow preface."""
+        if not self.reader.partial:
+            if "frame" in self._timers:
+                self._timers.pop("frame").cancel()
+        elif "frame" not in self._timers and self.options.handshake_timeout_secs > 0:
+            loop = asyncio.get_running_loop()
+            self._timers["frame"] = loop.call_later(self.options.handshake_timeout_secs, self._frame_timed_out)
+
+    def _frame_timed_out(self) -> None:
+        self._timers.pop("frame", None)
+        log.debug("gRPC client did not finish a frame in time: closing its connection")
+        self.close(f.PROTOCOL_ERROR, b"frame not completed in time")
+
+    def _handshake_timed_out(self) -> None:
+        self._timers.pop("handshake", None)
+        log.debug("gRPC client did not send the HTTP/2 preface and a frame in time: closing its connection")
+        self.close(f.PROTOCOL_ERROR, b"HTTP/2 preface and first frame not received in time")
 
     def _ping_timed_out(self) -> None:
         log.debug("gRPC client did not answer a keepalive ping: closing its connection")

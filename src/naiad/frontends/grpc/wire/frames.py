@@ -103,6 +103,11 @@ class FrameReader:
         self.max_frame_size = max_frame_size
         self._buffer = bytearray()
 
+    @property
+    def partial(self) -> bool:
+        """Part of a frame is buffered, waiting for the rest."""
+        return bool(self._buffer)
+
     def feed(self, data: bytes) -> list[Frame]:
         buffer = self._buffer
         buffer += data

@@ -1,0 +1,123 @@
+"""Graceful shutdown of a real server (SIGTERM): requests in flight on the identity backend
+(`execute_delay_ms`) complete, new connections are refused, the exit is 0 within
+--exit-timeout-secs; requests still running at the timeout fail cleanly; a second SIGTERM stops
+waiting. test_lifecycle.py has the drain-to-zero and timeout-exit-status cases on a slow ONNX model."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from e2e.repo_builder import write_model
+
+DELAYED = """
+name: "delayed"
+backend: "identity"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: 4 kind: KIND_CPU }} ]
+parameters {{ key: "execute_delay_ms" value {{ string_value: "{delay}" }} }}
+"""
+VALUES = np.arange(4, dtype=np.float32)
+
+
+def _repo(tmp_path: Path, delay_ms: int) -> Path:
+    repo = tmp_path / "repo"
+    write_model(repo, "delayed", DELAYED.format(delay=delay_ms), {1: lambda path: None})
+    return repo
+
+
+def _http_infer(url: str) -> np.ndarray:
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    tensor = httpclient.InferInput("INPUT0", [4], "FP32")
+    tensor.set_data_from_numpy(VALUES)
+    return client.infer("delayed", [tensor]).as_numpy("OUTPUT0")
+
+
+def _grpc_infer(url: str) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(url)
+    tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
+    tensor.set_data_from_numpy(VALUES)
+    try:
+        return client.infer("delayed", [tensor], client_timeout=60).as_numpy("OUTPUT0")
+    finally:
+        client.close()
+
+
+def _in_flight(pool: ThreadPoolExecutor, server: Any) -> list[Future[np.ndarray]]:
+    """Two HTTP and two gRPC requests, started and given time to reach the model."""
+    futures = [pool.submit(_http_infer, server.url), pool.submit(_http_infer, server.url),
+               pool.submit(_grpc_infer, server.grpc_url), pool.submit(_grpc_infer, server.grpc_url)]
+    time.sleep(0.5)
+    assert not any(f.done() for f in futures), [f.result() for f in futures if f.done()]
+    return futures
+
+
+def _refused(url: str) -> bool:
+    host, port = url.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_sigterm_completes_in_flight_requests_refuses_new_connections_and_exits_zero(
+        tmp_path: Path, start_server: Any) -> None:
+    server = start_server(["--model-repository", str(_repo(tmp_path, 2000)), "--exit-timeout-secs=20"])
+    with ThreadPoolExecutor(4) as pool:
+        futures = _in_flight(pool, server)
+        signalled = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert _refused(server.url)  # while the four drain
+        for future in futures:
+            np.testing.assert_array_equal(future.result(timeout=30), VALUES)
+    assert server.process.wait(20) == 0
+    assert time.monotonic() - signalled < 20
+    assert "Exit timeout expired" not in server.logs()
+
+
+def test_requests_still_running_at_the_exit_timeout_fail_cleanly(tmp_path: Path, start_server: Any) -> None:
+    server = start_server(["--model-repository", str(_repo(tmp_path, 8000)), "--exit-timeout-secs=1"])
+    with ThreadPoolExecutor(4) as pool:
+        futures = _in_flight(pool, server)
+        signalled = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(20) == 1  # as Triton: "Exit timeout expired. Exiting immediately."
+        exited = time.monotonic() - signalled
+        for future in futures:
+            # Each client hears at once that its request is lost (connection closed or reset,
+            # gRPC UNAVAILABLE / CANCELLED): none waits for the 8 s execution or hangs.
+            with pytest.raises(Exception):  # noqa: B017 - HTTP and gRPC clients raise their own kinds
+                future.result(timeout=10)
+    assert exited < 4  # the 1 s timeout, plus stopping and interpreter exit
+    assert time.monotonic() - signalled < 10
+    assert "Exit timeout expired. Exiting immediately." in server.logs()
+
+
+def test_a_second_sigterm_stops_waiting(tmp_path: Path, start_server: Any) -> None:
+    """Triton ignores a second signal and waits out --exit-timeout-secs; naiad stops at once."""
+    server = start_server(["--model-repository", str(_repo(tmp_path, 20000)), "--exit-timeout-secs=60"])
+    with ThreadPoolExecutor(4) as pool:
+        futures = _in_flight(pool, server)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert server.process.poll() is None  # draining: the first signal alone waits
+        second = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(20) == 1  # requests were abandoned
+        assert time.monotonic() - second < 4
+        for future in futures:
+            with pytest.raises(Exception):  # noqa: B017
+                future.result(timeout=10)
