@@ -218,3 +218,21 @@ def test_bf16_to_raw_accepts_ml_dtypes_and_floats() -> None:
 def test_from_raw_trusts_a_given_count() -> None:
     raw = np.arange(6, dtype=np.int16).tobytes()
     assert tensor_from_raw("x", DataType.INT16, (2, 3), raw, "m", count=6).tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_from_raw_empty_tensor_with_a_dim_numpy_cannot_hold() -> None:
+    # Found by tests/fuzz/test_bytes_tensors.py: numpy raised "Maximum allowed dimension exceeded".
+    with pytest.raises(InvalidArgument) as info:
+        tensor_from_raw("x", DataType.BOOL, (0, 9223372036854775808), b"", "fuzzed")
+    assert str(info.value) == (
+        "The shape [0,9223372036854775808] of input 'x' for model 'fuzzed' is too large: its non-zero "
+        "dimensions exceed the maximum size of 9223372036854775807 bytes"
+    )
+
+
+@pytest.mark.parametrize("datatype", [DataType.BYTES, DataType.FP64])
+def test_from_raw_empty_tensor_whose_other_dims_pass_int64_bytes(datatype: DataType) -> None:
+    # 2**60 elements of 8 bytes (BYTES are 8-byte object pointers) is past int64 bytes.
+    with pytest.raises(InvalidArgument, match="is too large"):
+        tensor_from_raw("x", datatype, (2**60, 0), b"", "m")
+    assert tensor_from_raw("x", DataType.INT8, (2**60, 0), b"", "m").shape == (2**60, 0)

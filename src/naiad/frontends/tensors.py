@@ -44,6 +44,19 @@ def element_count(shape: Sequence[int], name: str, model_name: str) -> int:
     return count
 
 
+def check_empty_shape(shape: Sequence[int], datatype: DataType, name: str, model_name: str) -> None:
+    """InvalidArgument for an empty tensor (a zero dim) numpy cannot shape: numpy multiplies the
+    non-zero dims and the itemsize (8 for BYTES objects) and refuses a product past int64."""
+    size = datatype.numpy.itemsize
+    for dim in shape:
+        size *= dim or 1
+        if size > INT64_MAX:
+            raise InvalidArgument(
+                f"The shape {_dims(shape)} of input '{name}' for model '{model_name}' is too large: its "
+                f"non-zero dimensions exceed the maximum size of {INT64_MAX} bytes"
+            )
+
+
 def byte_size(datatype: DataType, count: int, name: str, model_name: str) -> int:
     """Bytes needed by `count` fixed-size elements; InvalidArgument past int64 (0 for BYTES)."""
     size = 0 if datatype is _BYTES else count * _WIRE_DTYPE[datatype].itemsize
@@ -120,6 +133,8 @@ def tensor_from_raw(
     """
     if count is None:
         count = element_count(shape, name, model_name)
+    if count == 0:
+        check_empty_shape(shape, datatype, name, model_name)
     if datatype is _BYTES:
         where = f" for inference input '{name}' for model '{model_name}'"
         return _split_bytes(raw, count, where).reshape(shape)

@@ -266,3 +266,17 @@ def test_encode_parameters_and_shared_memory_outputs() -> None:
     assert [o.name for o in message.outputs] == ["A", "B"] and not message.outputs[1].parameters
     assert {k: v.WhichOneof("parameter_choice") for k, v in message.parameters.items()} == {
         "n": "int64_param", "flag": "bool_param", "s": "string_param", "f": "double_param", "big": "uint64_param"}
+
+
+def test_decode_empty_raw_tensor_with_dims_numpy_cannot_hold() -> None:
+    # Found by tests/fuzz/test_grpc_codec.py: numpy refused the shape with a ValueError.
+    message = pb.ModelInferRequest(model_name="fuzzed", raw_input_contents=[b""])
+    message.inputs.add(name="in0", datatype="UINT16", shape=[0, 4611686018427387904])
+    assert _error(message) == (
+        "The shape [0,4611686018427387904] of input 'in0' for model 'fuzzed' is too large: its non-zero "
+        "dimensions exceed the maximum size of 9223372036854775807 bytes"
+    )
+
+
+def test_decode_empty_typed_contents_with_dims_numpy_cannot_hold() -> None:
+    assert _error(_typed("FP32", [0, 2**62])).startswith("The shape [0,4611686018427387904] of input 'INPUT0'")

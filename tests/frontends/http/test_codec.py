@@ -787,3 +787,19 @@ def test_encode_only_shared_memory_outputs_is_plain_json() -> None:
     body, json_length = encode_infer_response(_response(written), request, {"OUT0"})
     assert json_length is None
     assert json.loads(body)["outputs"] == [{"name": "OUT0", "datatype": "BYTES", "shape": [1]}]
+
+
+def test_decode_empty_tensor_with_a_dim_numpy_cannot_hold() -> None:
+    # Found by tests/fuzz/test_http_codec.py: a zero dim made the element count 0, so the
+    # overflow check passed, and numpy then refused the shape with a ValueError (a 500).
+    body = b'{"inputs": [{"name": "", "datatype": "BOOL", "shape": [0, 9223372036854775808], "data": []}]}'
+    assert _error(body, len(body)) == (
+        "The shape [0,9223372036854775808] of input '' for model 'm' is too large: its non-zero "
+        "dimensions exceed the maximum size of 9223372036854775807 bytes"
+    )
+
+
+def test_decode_empty_binary_tensor_with_dims_past_int64_bytes() -> None:
+    header = json.dumps({"inputs": [_input("FP64", [2**60, 0], parameters={"binary_data_size": 0})]}).encode()
+    message = _error(header, len(header))
+    assert message.startswith("The shape [1152921504606846976,0] of input 'INPUT0' for model 'm' is too large")

@@ -13,7 +13,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.errors import InvalidArgument
-from naiad.frontends.tensors import element_count
+from naiad.frontends.tensors import check_empty_shape, element_count
 from naiad.types import DataType
 
 _D = DataType
@@ -48,6 +48,8 @@ def contents_array(
 ) -> np.ndarray:
     """The tensor held in typed contents, checked against its datatype and shape."""
     count = element_count(shape, name, model_name)
+    if count == 0:
+        check_empty_shape(shape, datatype, name, model_name)
     found: Any = ()
     found_dtype = datatype.numpy
     for field, dtype in _FIELDS:

@@ -22,6 +22,7 @@ from naiad.frontends.tensors import (
     INT64_MAX,
     bf16_to_float32,
     byte_size,
+    check_empty_shape,
     element_count,
     float_to_bf16_bits,
     tensor_from_raw,
@@ -218,6 +219,8 @@ def _input_head(item: dict[str, Any], model_name: str) -> _InputHead:
     if count * _ITEMSIZE[datatype_name] > INT64_MAX:
         element_count(shape, name, model_name)  # raises the element count overflow, if that is it
         byte_size(datatype, count, name, model_name)
+    if count == 0:
+        check_empty_shape(shape, datatype, name, model_name)
     return _InputHead(name, datatype, tuple(shape), count, parameters)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import re
 from collections.abc import Awaitable, Callable, Collection
+from importlib import resources
 from typing import Any
 
 import msgspec
@@ -53,6 +55,16 @@ async def ready_server(server: InferenceServer, route: Route, body: bytes, heade
 
 async def server_metadata(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
     return _json(server.metadata())
+
+
+@functools.cache
+def _openapi_document() -> bytes:
+    # Package data, read once: the document describes the routes and handlers of this package.
+    return resources.files(__package__).joinpath("openapi.json").read_bytes()
+
+
+async def openapi_document(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _reply(200, _openapi_document())
 
 
 async def model_ready(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
@@ -295,6 +307,7 @@ HANDLERS: dict[tuple[str, str], Handler] = {
     ("live", "GET"): live,
     ("ready_server", "GET"): ready_server,
     ("server_metadata", "GET"): server_metadata,
+    ("openapi", "GET"): openapi_document,
     ("model_ready", "GET"): model_ready,
     ("model_metadata", "GET"): model_metadata,
     ("model_config", "GET"): model_config,

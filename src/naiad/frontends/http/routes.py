@@ -33,6 +33,7 @@ _FIXED = {
     "/v2/repository/index": "index",
     "/v2/logging": "logging",
     "/v2/trace/setting": "trace",
+    "/openapi.json": "openapi",  # this API as an OpenAPI 3 document (openapi.json beside this module)
     # The OpenAI-compatible API (openai.py) shares the port.
     "/v1/models": "openai_models",
     "/v1/completions": "openai_completions",
