@@ -1,10 +1,12 @@
 """Graceful shutdown of a real server (SIGTERM): requests in flight on the identity backend
-(`execute_delay_ms`) complete, new connections are refused, the exit is 0 within
+(`execute_delay_ms`) complete, new HTTP connections are refused and new gRPC calls answered
+UNAVAILABLE, the exit is 0 within
 --exit-timeout-secs; requests still running at the timeout fail cleanly; a second SIGTERM stops
 waiting. test_lifecycle.py has the drain-to-zero and timeout-exit-status cases on a slow ONNX model."""
 
 from __future__ import annotations
 
+import http.client
 import signal
 import socket
 import time
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from e2e.repo_builder import write_model
 
@@ -75,12 +78,25 @@ def _refused(url: str) -> bool:
 def test_sigterm_completes_in_flight_requests_refuses_new_connections_and_exits_zero(
         tmp_path: Path, start_server: Any) -> None:
     server = start_server(["--model-repository", str(_repo(tmp_path, 2000)), "--exit-timeout-secs=20"])
+    kept = http.client.HTTPConnection(server.url, timeout=30)  # a keep-alive connection opened before
+    kept.request("GET", "/v2/health/live")
+    live = kept.getresponse()
+    live.read()
+    assert live.status == 200
     with ThreadPoolExecutor(4) as pool:
         futures = _in_flight(pool, server)
         signalled = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         assert _refused(server.url)  # while the four drain
+        body = b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[0,1,2,3]}]}'
+        kept.request("POST", "/v2/models/delayed/infer", body)
+        answer = kept.getresponse()
+        assert answer.status == 503 and b"shutting down" in answer.read()
+        kept.close()
+        # gRPC keeps its listener (health answers NOT_SERVING while draining) but takes no new call.
+        with pytest.raises(InferenceServerException, match="shutting down and accepts no new inference"):
+            _grpc_infer(server.grpc_url)
         for future in futures:
             np.testing.assert_array_equal(future.result(timeout=30), VALUES)
     assert server.process.wait(20) == 0

@@ -28,6 +28,9 @@ from naiad.types import InferRequest, InferResponse, TensorSpec
 log = logging.getLogger(__name__)
 
 DECOUPLED_ERROR = "this endpoint doesn't support models with decoupled transaction policy"
+#: New requests from clients once a stop was asked for (requests of running ensembles and BLS
+#: calls, which come through the backend host, still go through while the server drains).
+STOPPING_ERROR = "the server is shutting down and accepts no new inference requests"
 
 EXTENSIONS = [
     "classification",
@@ -139,6 +142,8 @@ class InferenceServer:
         """Run one request for exactly one response; errors before queueing raise, errors after
         come back in the response. Decoupled models are refused with `decoupled_error` (each
         frontend words it its own way)."""
+        if self.stopping:
+            raise Unavailable(STOPPING_ERROR)
         self.inflight += 1
         try:
             loop = asyncio.get_running_loop()
@@ -163,6 +168,8 @@ class InferenceServer:
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response to one request, for decoupled models and others alike; the last has
         `final` set. Errors before queueing raise before the first response."""
+        if self.stopping:
+            raise Unavailable(STOPPING_ERROR)
         self.inflight += 1
         try:
             loop = asyncio.get_running_loop()
