@@ -53,10 +53,18 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
     grpc_service = GrpcService(server, options)
     metrics: MetricsServer | None = None
     try:
-        await _start_frontends(options, http, grpc_service)
+        # HTTP last: clients poll /v2/health/ready over HTTP, so once it answers, gRPC and the
+        # metrics page already listen too.
+        if options.allow_grpc:
+            await grpc_service.start()
         metrics = _metrics_server(options, server)
+        if options.allow_http:
+            await http.start()
     except NaiadError as error:
         log.error("%s", error)
+        await grpc_service.stop(0.0)
+        if metrics is not None:
+            metrics.stop()
         await http.stop()
         await loop.run_in_executor(None, server.stop, 0.0)
         return 1
@@ -96,13 +104,6 @@ def _metrics_server(options: ServerOptions, server: InferenceServer) -> MetricsS
         raise NaiadError(f"failed to start Metrics service at {address}:{options.metrics_port}: {error}") from None
     metrics.start()
     return metrics
-
-
-async def _start_frontends(options: ServerOptions, http: HttpService, grpc_service: GrpcService) -> None:
-    if options.allow_http:
-        await http.start()
-    if options.allow_grpc:
-        await grpc_service.start()
 
 
 async def _wait_for_stop(server: InferenceServer, drain_secs: float, stop_accepting: Callable[[], None]) -> bool:
