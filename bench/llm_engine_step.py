@@ -1,7 +1,7 @@
 """The bare engine's decode step on any device: how fast can naiad's LLM engine go, server aside.
 
     python bench/llm_engine_step.py [--device cuda] [--dtypes bf16 fp32] [--quantization none int8]
-                                    [--streams 1 16 64 256]
+                                    [--tensor-parallel 1 2] [--streams 1 16 64 256]
 
 Builds the ~123M random-weight Llama of the LLM benchmark (hidden 768, 12 layers, FFN 2048,
 vocab 49152, tied embeddings) with transformers into a temporary folder, needing no tokenizer
@@ -10,7 +10,11 @@ transformers. For each dtype (and, on CUDA, with and without CUDA graphs) and st
 prefills 128-token prompts, then times decode steps: the median step and tokens/s. The serving
 benchmark against vLLM-CPU and llama.cpp is bench/llm.py. Each row also gives the memory the
 weights take (`weights_mib`): `--quantization int8` quantizes the linear layers' weights to INT8
-at load (naiad.llm.quantization).
+at load (naiad.llm.quantization). `--tensor-parallel 2` splits the model over two processes
+(`weights_mib` is then one rank's share). Each row's `vs_first` is its tokens/s as a ratio to
+the first configuration's at the same stream count, measured in the same run (this machine is
+noisy: compare within a run, not across runs). `make bench` runs the CPU matrix: fp32 and bf16,
+without and with INT8, on one process and on two.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtypes", nargs="+", default=["bf16"])
     parser.add_argument("--quantization", nargs="+", default=["none"], choices=["none", "int8"])
+    parser.add_argument("--tensor-parallel", nargs="+", type=int, default=[1])
     parser.add_argument("--streams", nargs="+", type=int, default=[1, 16, 64])
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps per point")
     parser.add_argument("--output", type=Path, help="also write the results here as JSON")
@@ -79,20 +84,28 @@ def main(argv: list[str]) -> int:
     # CUDA graphs are naiad's default on a GPU; measure them against eager steps.
     modes = [False, True] if args.device.startswith("cuda") else [False]
     rows = []
+    first: dict[int, float] = {}  # streams -> the first configuration's tokens/s
     with tempfile.TemporaryDirectory() as folder:
         model = build_model(Path(folder) / "llama-123m")
-        for dtype, quantization, eager in itertools.product(args.dtypes, args.quantization, modes):
+        for dtype, quantization, tp, eager in itertools.product(args.dtypes, args.quantization,
+                                                                args.tensor_parallel, modes):
             # 4 GiB: 256 fp32 sequences of 128 + ~40 tokens fit without preemption (2 GiB did not).
             engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=args.device, kv_cache_memory=4 << 30,
                                             max_num_seqs=max(args.streams), enforce_eager=eager,
-                                            quantization=quantization))
-            rng = random.Random(0)
-            weights = round(weight_bytes(engine.runner.model) / 2**20, 1)
-            for streams in args.streams:
-                row = {"device": args.device, "dtype": dtype, "quantization": quantization, "weights_mib": weights,
-                       "cuda_graphs": engine.runner.graphs is not None, **measure(engine, streams, args.steps, rng)}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                                            quantization=quantization, tensor_parallel_size=tp))
+            try:
+                rng = random.Random(0)
+                weights = round(weight_bytes(engine.runner.model) / 2**20, 1)
+                for streams in args.streams:
+                    point = measure(engine, streams, args.steps, rng)
+                    base = first.setdefault(streams, point["tokens_per_s"])
+                    row = {"device": args.device, "dtype": dtype, "quantization": quantization, "tensor_parallel": tp,
+                           "weights_mib": weights, "cuda_graphs": engine.runner.graphs is not None, **point,
+                           "vs_first": round(point["tokens_per_s"] / base, 2)}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            finally:
+                engine.close()
             del engine
     if args.output is not None:
         args.output.write_text(json.dumps(rows, indent=1))
