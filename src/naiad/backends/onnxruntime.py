@@ -2,7 +2,8 @@
 
 One InferenceSession per instance, so instances run truly in parallel (ORT releases the GIL).
 On CPU each session defaults to one intra-op thread: with several instances on a small
-machine, more threads than cores cut throughput sharply.
+machine, more threads than cores cut throughput sharply. Reduced precision (TensorRT EP flags,
+fp16 / int8 model variants) is in `onnxruntime_precision`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, Model, ModelInstance, RequestResult
+from naiad.backends.onnxruntime_precision import model_precision, precision_variant, tensorrt_options
 from naiad.config.autocomplete import complete_io_from_model, model_file_path
-from naiad.errors import InvalidArgument, Unavailable
+from naiad.errors import InvalidArgument, NaiadError, Unavailable
 from naiad.types import DataType
 
 _ORT_TYPES = {
@@ -80,9 +82,22 @@ class OnnxRuntimeModel(Model):
         self.path = model_file_path(config, version_dir)
         if not self.path.exists():
             raise Unavailable(f"unable to find '{self.path}' for model '{config.name}'")
+        _check_accelerators(config)
+        self.precision = model_precision({k: v.string_value for k, v in config.parameters.items()}, config.name)
+        # The file the sessions load: the model itself, or its fp16 / int8 variant in the cache.
+        self.session_path = precision_variant(self.path, self.precision, config.name)
 
     def create_instance(self, group: mc.ModelInstanceGroup, index: int) -> ModelInstance:
-        return OnnxRuntimeInstance(self.path, self.config, group, index)
+        try:
+            return OnnxRuntimeInstance(self.session_path, self.config, group, index)
+        except NaiadError:
+            raise
+        except Exception as error:  # onnxruntime's own errors (Fail, NotImplemented, ...)
+            if self.precision == "fp32":
+                raise
+            # e.g. an op with no fp16 kernel on this execution provider
+            raise InvalidArgument(f"unable to load the {self.precision} variant of model "
+                                  f"'{self.config.name}': {error}") from error
 
 
 class OnnxRuntimeInstance(ModelInstance):
@@ -118,10 +133,13 @@ class OnnxRuntimeInstance(ModelInstance):
         accelerators = config.optimization.execution_accelerators
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             device = group.gpus[index % len(group.gpus)] if group.gpus else 0
+            cuda: dict[str, Any] = {"device_id": device}
             for acc in accelerators.gpu_execution_accelerator:
                 if acc.name == "tensorrt":
-                    providers.append(("TensorrtExecutionProvider", {"device_id": device, **acc.parameters}))
-            providers.append(("CUDAExecutionProvider", {"device_id": device}))
+                    providers.append(("TensorrtExecutionProvider", tensorrt_options(acc.parameters, device)))
+                elif acc.name == "cuda":  # Triton passes these through to the CUDA EP as they are
+                    cuda.update(acc.parameters)
+            providers.append(("CUDAExecutionProvider", cuda))
         for acc in accelerators.cpu_execution_accelerator:
             if acc.name == "openvino":
                 providers.append("OpenVINOExecutionProvider")
@@ -160,6 +178,20 @@ class OnnxRuntimeInstance(ModelInstance):
         }
         results = self.session.run_with_ort_values(self.output_names, values, self.run_options)
         return {n: _ortvalue_to_numpy(v) for n, v in zip(self.output_names, results, strict=True)}
+
+
+def _check_accelerators(config: mc.ModelConfig) -> None:
+    """Fail the load, as Triton does, on an accelerator or TensorRT parameter it does not know,
+    whatever the instance kind, so that a typo shows on a machine without a GPU too."""
+    accelerators = config.optimization.execution_accelerators
+    for acc in accelerators.gpu_execution_accelerator:
+        if acc.name == "tensorrt":
+            tensorrt_options(acc.parameters, 0)
+        elif acc.name != "cuda":
+            raise InvalidArgument(f"unknown Execution Accelerator '{acc.name}' is requested")
+    for acc in accelerators.cpu_execution_accelerator:
+        if acc.name != "openvino":
+            raise InvalidArgument(f"unknown Execution Accelerator '{acc.name}' is requested")
 
 
 def _check_config_matches(config: mc.ModelConfig, session: ort.InferenceSession) -> None:
