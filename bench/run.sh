@@ -16,6 +16,8 @@ run .venv/bin/python bench/python_backend.py
 run .venv/bin/python bench/ensemble.py
 # Backends: each CPU backend's throughput on the same MLP at c=32 vs its framework in-process.
 run .venv/bin/python bench/framework_backends.py
+# ONNX reduced precision (issue 11): MiniLM fp32 / fp16 / int8 variants in-process, throughput as a ratio to fp32, and size.
+run .venv/bin/python bench/onnx_precision.py
 # Metrics and tracing: identity throughput with them off, then on (scraped every second).
 run .venv/bin/python bench/observability.py
 # LLM engine (issue 11): decode tokens/s and weight memory, fp32 / bf16, without and with INT8, one process and TP=2.
