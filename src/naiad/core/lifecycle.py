@@ -23,6 +23,7 @@ from naiad.backends.base import Host
 from naiad.config.options import ServerOptions
 from naiad.core.cache import ResponseCache
 from naiad.core.ensemble import ENSEMBLE_PLATFORM, check_steps
+from naiad.core.labels import VersionLabels, same_but_labels, without_labels
 from naiad.core.loader import prepare_config, start_version
 from naiad.core.model import LoadedVersion
 from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable
@@ -55,6 +56,7 @@ class ModelRecord:
     override: mc.ModelConfig | None = None  # a load's config override is remembered
     files_dir: Path | None = None  # temporary model directory from `file:` overrides
     repository: Any = None  # where the model was last loaded from (a Path or a RemoteLocation)
+    relabelled: VersionLabels | None = None  # labels changed at run time: they outlive plain reloads
 
 
 class ModelManager:
@@ -70,6 +72,8 @@ class ModelManager:
         self._records: dict[str, ModelRecord] = {}
         self._routes: dict[str, tuple[dict[int, LoadedVersion], LoadedVersion]] = {}
         self._route_lock = threading.Lock()
+        # Only models with labels have an entry: the hot path of the others is one dict miss.
+        self._labels: dict[str, VersionLabels] = {}
         self._model_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -80,6 +84,63 @@ class ModelManager:
         with self._route_lock:
             loaded = self._route(name, version)
             loaded.acquire()
+        return loaded
+
+    def acquire_routed(self, name: str, version: int | None, label: str | None,
+                       request_id: str) -> tuple[LoadedVersion, str | None]:
+        """`acquire` for a request that may name a label, or fall under the model's weighted
+        split: the version is resolved once, here, from the label table in force (a promotion
+        swaps the table; requests resolved before it finish where they started). Returns the
+        label that routed the request, if any."""
+        if label is None and name not in self._labels:
+            return self.acquire(name, version), None
+        with self._route_lock:
+            # One snapshot for both the split's choice and the resolution: a relabel between the
+            # two could otherwise drop the chosen label.
+            labels = self._labels.get(name)
+            if label is None:
+                if version is None and labels is not None:
+                    label = labels.choose(request_id)
+                if label is None:
+                    loaded = self._route(name, version)
+                    loaded.acquire()
+                    return loaded, None
+            loaded = self._labelled(name, label, version, labels)
+            loaded.acquire()
+        return loaded, label
+
+    def label_version(self, name: str, label: str, loaded_only: bool = False) -> int:
+        """The version `label` names for `name`; `loaded_only`: fail when it does not serve."""
+        with self._route_lock:
+            if not loaded_only:
+                return self._label_table(name, label, self._labels.get(name)).resolve(label)
+            return self._labelled(name, label, None, self._labels.get(name)).version
+
+    def labels(self, name: str) -> VersionLabels | None:
+        """The labels in force for a serving model (None when it has none)."""
+        if name not in self._routes:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        return self._labels.get(name)
+
+    def _label_table(self, name: str, label: str, labels: VersionLabels | None) -> VersionLabels:
+        if labels is None:
+            if name not in self._routes:
+                raise NotFound(f"Request for unknown model: '{name}' is not found")
+            raise InvalidArgument(f"label '{label}' is not defined for model '{name}'")
+        return labels
+
+    def _labelled(self, name: str, label: str, version: int | None, labels: VersionLabels | None) -> LoadedVersion:
+        """The serving version `label` names in `labels` (taken under the route lock)."""
+        if not isinstance(label, str):
+            raise InvalidArgument("the 'version_label' request parameter must be a string")
+        target = self._label_table(name, label, labels).resolve(label)
+        if version is not None and version != target:
+            raise InvalidArgument(f"model '{name}': version {version} was requested but label '{label}' "
+                                  f"names version {target}")
+        route = self._routes.get(name)
+        loaded = route[0].get(target) if route is not None else None
+        if loaded is None:
+            raise Unavailable(f"version {target} of model '{name}' (label '{label}') is not ready")
         return loaded
 
     def get(self, name: str, version: int | None) -> LoadedVersion:
@@ -123,6 +184,7 @@ class ModelManager:
             record = self._records.setdefault(name, ModelRecord(name))
             if override is not None:
                 record.override = override
+                record.relabelled = None  # a new config brings its own labels
             model_dir, stamp = self._model_dir(record, files, found)
             try:
                 self._load_locked(record, model_dir, stamp)
@@ -171,6 +233,7 @@ class ModelManager:
         record.attempted = stamp if stamp is not None else fingerprint(model_dir)
         try:
             config, cls = prepare_config(name, model_dir, self.options, record.override)
+            labels = record.relabelled or VersionLabels.from_config(name, config)
         except Exception as error:  # a backend's auto-complete may fail with any error
             reason = str(error) or type(error).__name__
             self._fail(record, {}, reason)
@@ -184,6 +247,7 @@ class ModelManager:
             raise InvalidArgument(f"load failed for model '{name}': {record.error}")
         started, failures = self._start_versions(record, config, cls, model_dir, wanted, available)
         if not failures and started == record.serving:
+            self._publish_labels(name, labels)  # a config that changed only its labels lands here
             return  # nothing changed: every version kept serving as it was
         if failures:
             for loaded in started.values():
@@ -192,7 +256,7 @@ class ModelManager:
             self._fail(record, failures, "")
             detail = "; ".join(f"version {v} is at UNAVAILABLE state: {r}" for v, r in sorted(failures.items()))
             raise InvalidArgument(f"load failed for model '{name}': {detail};")
-        self._switch(record, started)
+        self._switch(record, started, labels)
 
     def _load_composing(self, record: ModelRecord, config: mc.ModelConfig) -> None:
         """An ensemble serves only with its composing models: load those not serving yet (in
@@ -228,7 +292,8 @@ class ModelManager:
                 failures[version] = f"version {version} not found in model directory"
                 continue
             stamp = fingerprint(version_dir)
-            if current is not None and current.config == config and current.fingerprint == stamp:
+            # Labels are routing, not serving: a config that changes only them reloads nothing.
+            if current is not None and same_but_labels(current.config, config) and current.fingerprint == stamp:
                 started[version] = current  # unchanged: keep serving it without a reload
                 continue
             record.status.setdefault(version, VersionStatus("LOADING"))
@@ -246,13 +311,15 @@ class ModelManager:
             started[version] = loaded
         return started, failures
 
-    def _switch(self, record: ModelRecord, started: dict[int, LoadedVersion]) -> None:
+    def _switch(self, record: ModelRecord, started: dict[int, LoadedVersion],
+                labels: VersionLabels | None = None) -> None:
         replaced = [v for n, v in record.serving.items() if started.get(n) is not v]
         for old in replaced:
             if old.version in started:
                 old.hand_model_to(started[old.version])
         with self._route_lock:
             self._routes[record.name] = (dict(started), started[max(started)])
+            self._set_labels(record.name, labels)
         record.serving = started
         record.error = ""
         record.status = {n: VersionStatus("READY") for n in started}
@@ -296,6 +363,8 @@ class ModelManager:
                 return
             with self._route_lock:
                 self._routes.pop(name, None)
+                self._labels.pop(name, None)
+            record.relabelled = None
             for version in record.serving:
                 record.status[version] = VersionStatus("UNLOADING")
             for version, loaded in list(record.serving.items()):
@@ -308,6 +377,33 @@ class ModelManager:
             if prune:
                 self._prune(record)
             log.info("successfully unloaded '%s'", name)
+
+    def relabel(self, name: str, labels: str | None, split: str | None) -> VersionLabels:
+        """Change a serving model's labels and/or split (None keeps one as it is, "" removes it)
+        without reloading any version; they stay in force until a load brings a new config."""
+        _check_name(name)
+        with self._model_lock(name):
+            record = self._records.get(name)
+            if record is None or not record.serving:
+                raise InvalidArgument(f"failed to change the version labels of '{name}': the model is not loaded")
+            current = self._labels.get(name) or VersionLabels(name)
+            updated = current.changed(labels, split)
+            record.relabelled = updated
+            self._publish_labels(name, updated)
+        log.info("version labels of '%s': %s (split: %s)", name, updated.labels_text() or "none",
+                 updated.split_text() or "none")
+        return updated
+
+    def _publish_labels(self, name: str, labels: VersionLabels | None) -> None:
+        with self._route_lock:
+            self._set_labels(name, labels)
+
+    def _set_labels(self, name: str, labels: VersionLabels | None) -> None:
+        """One reference swap (under the route lock): the atomic promotion."""
+        if labels is None or not (labels.labels or labels.split):
+            self._labels.pop(name, None)
+        else:
+            self._labels[name] = labels
 
     def _model_lock(self, name: str) -> threading.Lock:
         with self._locks_lock:
@@ -405,9 +501,7 @@ def _index_entry(name: str, version: str, state: str, reason: str) -> dict[str, 
 
 def _only_instances_differ(current: LoadedVersion, config: mc.ModelConfig) -> bool:
     """A config change that touches instance_group alone is applied without reloading the model."""
-    before, after = mc.ModelConfig(), mc.ModelConfig()
-    before.CopyFrom(current.config)
-    after.CopyFrom(config)
+    before, after = without_labels(current.config), without_labels(config)  # copies
     before.ClearField("instance_group")
     after.ClearField("instance_group")
     return before == after

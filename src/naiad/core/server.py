@@ -13,6 +13,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 import naiad
 from naiad.config.model_config import config_from_json, config_to_json
 from naiad.config.options import ServerOptions
+from naiad.core.labels import LABELS_PARAMETER, REQUEST_PARAMETER, SPLIT_PARAMETER, VersionLabels, label_change
 from naiad.core.lifecycle import ModelManager
 from naiad.core.model import LoadedVersion
 from naiad.core.shared_memory import Region as Region  # re-exported: frontends reach the core here
@@ -129,7 +130,20 @@ class InferenceServer:
         """The config message itself (a copy: callers may not change the serving config)."""
         config = mc.ModelConfig()
         config.CopyFrom(self.models.get(name, version).config)
+        labels = self.models.labels(name)
+        if labels is not None or any(key in config.parameters for key in (LABELS_PARAMETER, SPLIT_PARAMETER)):
+            # The labels in force, which a run-time change may have moved since the load.
+            (labels or VersionLabels(name)).apply_to(config)
         return config
+
+    def label_version(self, name: str, label: str, loaded_only: bool = False) -> int:
+        """The version a label names (`loaded_only`: and that version serves)."""
+        return self.models.label_version(name, label, loaded_only)
+
+    def version_labels(self, name: str) -> dict[str, Any]:
+        """A serving model's labels and split as JSON (empty when it has none)."""
+        labels = self.models.labels(name)
+        return (labels or VersionLabels(name)).as_dict()
 
     def model_inputs(self, name: str, version: int | None) -> tuple[list[TensorSpec], int]:
         """The model's inputs and its max_batch_size (for requests that carry no metadata)."""
@@ -199,7 +213,13 @@ class InferenceServer:
         return self.models.get(name, version).decoupled
 
     def _submit(self, request: InferRequest, sink: Sink, decoupled_error: str | None) -> Job:
-        loaded = self.models.acquire(request.model_name, request.model_version)
+        parameters = request.parameters
+        # The label is a routing instruction, taken out so that it never reaches the model (nor an
+        # ensemble's steps, which share the parent's parameters).
+        label = parameters.pop(REQUEST_PARAMETER, None) if parameters else None
+        loaded, label = self.models.acquire_routed(request.model_name, request.model_version, label, request.id)
+        if label is not None:
+            sink = _labelled(sink, label)
         if log.isEnabledFor(logging.DEBUG):  # per-request lines at --log-verbose only, never formatted otherwise
             log.debug("infer request '%s' for model '%s' version %d: inputs %s", request.id, loaded.name,
                       loaded.version, [(t.name, t.datatype.value, list(t.shape)) for t in request.inputs])
@@ -233,12 +253,26 @@ class InferenceServer:
         self._require_explicit()
         override: mc.ModelConfig | None = None
         files: dict[str, bytes] = {}
+        # Label changes (docs/version_labels.md): load parameters `version_labels` / `version_split`,
+        # or a `config` holding nothing but those parameters; neither reloads a version.
+        labels: dict[str, str] = {}
         for key, value in parameters.items():
             if key == "config":
-                override = config_from_json(value)
+                change = label_change(value)
+                if change is None:
+                    override = config_from_json(value)
+                else:
+                    labels.update(change)
             elif key.startswith("file:"):
                 files[key[len("file:"):]] = value
-        self.models.load(name, override, files or None)
+            elif key in (LABELS_PARAMETER, SPLIT_PARAMETER):
+                if not isinstance(value, str):
+                    raise InvalidArgument(f"'{key}' parameter must be a string")
+                labels[key] = value
+        if override is not None or files or not labels:
+            self.models.load(name, override, files or None)
+        if labels:
+            self.models.relabel(name, labels.get(LABELS_PARAMETER), labels.get(SPLIT_PARAMETER))
 
     def unload_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Blocking: run it off the event loop."""
@@ -364,6 +398,17 @@ def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[..., Any], *args: A
 
     loop.call_soon_threadsafe(run)
     done.wait(_LOOP_CALL_TIMEOUT_S)
+
+
+def _labelled(sink: Sink, label: str) -> Sink:
+    """`sink`, adding the label that routed the request to each response's parameters (A/B
+    analyses join on it); a new dict, since a cached response's parameters are shared."""
+
+    def labelled(response: InferResponse) -> None:
+        response.parameters = {**response.parameters, REQUEST_PARAMETER: label}
+        sink(response)
+
+    return labelled
 
 
 def _order(loaded: LoadedVersion) -> tuple[str, int]:

@@ -74,7 +74,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
-        ready = self.server.model_ready(request.name, parse_version(request.version))
+        ready = self.server.model_ready(request.name, self._version(request.name, request.version, False))
         return pb.ModelReadyResponse(ready=ready)
 
     @rpc
@@ -84,18 +84,33 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
-        return messages.model_metadata(self.server.model_metadata(request.name, parse_version(request.version)))
+        return messages.model_metadata(self.server.model_metadata(request.name,
+                                                                  self._version(request.name, request.version)))
 
     @rpc
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
-        config = self.server.model_config_message(request.name, parse_version(request.version))
+        config = self.server.model_config_message(request.name, self._version(request.name, request.version))
         return pb.ModelConfigResponse(config=config)
 
     @rpc
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
                               context: Context) -> pb.ModelStatisticsResponse:
-        version = parse_version(request.version)
+        version = self._version(request.name, request.version) if request.name else parse_version(request.version)
         return messages.statistics(self.server.statistics(request.name or None, version))
+
+    def _version(self, name: str, text: str, loaded_only: bool = True) -> int | None:
+        """A version string, or a version label of the model (docs/version_labels.md); a string
+        that is neither keeps Triton's error."""
+        try:
+            return parse_version(text)
+        except InvalidArgument as error:
+            try:
+                labelled = text in self.server.version_labels(name)["labels"]
+            except NaiadError:  # an unknown model: the version string's error comes first, as before
+                labelled = False
+            if not labelled:
+                raise error from None
+            return self.server.label_version(name, text, loaded_only)
 
     # -- inference ---------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ NO_ROUTE = ""
 #: frontend (completions are inference, /v1/models is the model repository).
 ACTION_GROUPS: dict[str, str | None] = {
     "live": "health", "ready_server": "health", "model_ready": "health",
-    "server_metadata": "metadata", "model_metadata": "metadata", "openapi": "metadata",
+    "server_metadata": "metadata", "model_metadata": "metadata", "openapi": "metadata", "model_labels": "metadata",
     "model_infer": "inference", "model_generate": "inference", "model_generate_stream": "inference",
     "openai_completions": "inference", "openai_chat_completions": "inference",
     "model_config": "model-config",

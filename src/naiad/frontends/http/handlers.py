@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from naiad.core.labels import REQUEST_PARAMETER
 from naiad.core.server import InferenceServer, Region
 from naiad.errors import InternalError, InvalidArgument, NaiadError
 from naiad.frontends import shared_memory as shm
@@ -67,21 +68,33 @@ async def openapi_document(server: InferenceServer, route: Route, body: bytes, h
     return _reply(200, _openapi_document())
 
 
+def _version(server: InferenceServer, route: Route, loaded_only: bool = True) -> int | None:
+    """The version the path names: /versions/{v}, /labels/{label} (resolved now), or None."""
+    if route.label is None:
+        return route.version
+    return server.label_version(route.model or "", route.label, loaded_only)
+
+
 async def model_ready(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
-    ready = server.model_ready(route.model or "", route.version)
+    # A label naming a version that does not serve is "not ready"; an unknown label is an error.
+    ready = server.model_ready(route.model or "", _version(server, route, loaded_only=False))
     return _bool_reply(ready, b'{"error":"Model version not ready"}')
 
 
 async def model_metadata(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
-    return _json(server.model_metadata(route.model or "", route.version))
+    return _json(server.model_metadata(route.model or "", _version(server, route)))
 
 
 async def model_config(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
-    return _json(server.model_config(route.model or "", route.version))
+    return _json(server.model_config(route.model or "", _version(server, route)))
 
 
 async def model_stats(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
-    return _json(server.statistics(route.model, route.version))
+    return _json(server.statistics(route.model, _version(server, route)))
+
+
+async def model_labels(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    return _json(server.version_labels(route.model or ""))
 
 
 async def stats_all(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
@@ -109,11 +122,13 @@ async def _model_infer(server: InferenceServer, route: Route, body: bytes, heade
     model = route.model or ""
     header_length = _header_length(headers)
     if header_length == 0:
-        inputs, max_batch_size = server.model_inputs(model, route.version)
+        inputs, max_batch_size = server.model_inputs(model, _version(server, route))
         request = decode_raw_request(body, inputs[0], len(inputs), model, route.version,
                                      batching=max_batch_size > 0)
     else:
         request = decode_infer_request(body, header_length, model, route.version)
+    if route.label is not None:
+        _route_label(request, route.label)
     forward_headers(request.parameters, headers, server.options.http_header_forward_pattern)
     if tracing is not None:
         received, holder = tracing
@@ -153,6 +168,15 @@ def _infer_reply(response: InferResponse, request: InferRequest, in_shared_memor
         return _reply(200, out)
     return _reply(200, out, b"application/octet-stream",
                   [(b"inference-header-content-length", str(json_length).encode())])
+
+
+def _route_label(request: InferRequest, label: str) -> None:
+    """The label in the path becomes the request's `version_label` (the core routes by it)."""
+    named = request.parameters.get(REQUEST_PARAMETER)
+    if named is not None and named != label:
+        raise InvalidArgument(f"the path names label '{label}' but the '{REQUEST_PARAMETER}' "
+                              f"parameter names '{named}'")
+    request.parameters[REQUEST_PARAMETER] = label
 
 
 def forward_headers(parameters: dict[str, Any], headers: Headers, pattern: str) -> None:
@@ -312,6 +336,7 @@ HANDLERS: dict[tuple[str, str], Handler] = {
     ("model_metadata", "GET"): model_metadata,
     ("model_config", "GET"): model_config,
     ("model_stats", "GET"): model_stats,
+    ("model_labels", "GET"): model_labels,
     ("stats_all", "GET"): stats_all,
     ("model_infer", "POST"): model_infer,
     ("model_generate", "POST"): generate,

@@ -12,10 +12,11 @@ class Route:
     model: str | None = None
     version: int | None = None
     region: str | None = None  # shared-memory routes: the region named in the path
+    label: str | None = None  # /v2/models/{m}/labels/{label}/...: a version label (docs/version_labels.md)
 
 
 _MODEL = re.compile(
-    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
+    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+)|/labels/(?P<label>[^/]+))?"
     r"(?:/(?P<action>infer|generate|generate_stream|ready|config|stats))?$"
 )
 # Actions: shm_status, shm_register, shm_unregister (system) and cuda_status, ... (CUDA).
@@ -23,6 +24,7 @@ _SHARED_MEMORY = re.compile(
     r"^/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/(?P<action>status|register|unregister)$"
 )
 _MODEL_TRACE = re.compile(r"^/v2/models/(?P<model>[^/]+)/trace/setting$")
+_MODEL_LABELS = re.compile(r"^/v2/models/(?P<model>[^/]+)/labels$")
 _REPOSITORY = re.compile(r"^/v2/repository(?:/[^/]+)?/models/(?P<model>[^/]+)/(?P<action>load|unload)$")
 _FIXED = {
     "/v2": "server_metadata",
@@ -49,13 +51,17 @@ def match(path: str) -> Route | None:
     found = _MODEL_TRACE.match(path)
     if found is not None:
         return Route("trace", found["model"])
-    found = _MODEL.match(path)
+    found = _MODEL_LABELS.match(path)
     if found is not None:
+        return Route("model_labels", found["model"])
+    found = _MODEL.match(path)
+    if found is not None and not (found["label"] and (found["action"] or "").startswith("generate")):
         version = found["version"]
         return Route(
             "model_" + (found["action"] or "metadata"),
             found["model"],
             int(version) if version is not None else None,
+            label=found["label"],
         )
     found = _REPOSITORY.match(path)
     if found is not None:
