@@ -29,7 +29,9 @@ version directory, or "bundled:smollm2"), the engine's settings by their EngineC
 (`ENGINE_PARAMETERS`: dtype, device, kv_cache_memory or kv_cache_fraction, max_num_seqs, ...),
 and `engine_process` (default true). Each instance owns one engine core, in a process of its
 own (`naiad.llm.engine_core`) unless `engine_process` is false (then on a thread); a core that
-dies fails its open requests and makes the instance not ready.
+dies fails its open requests, and the instance is not ready (requests get a 503 saying why)
+until `llm_supervisor` has started a new one: `engine_restart_limit` attempts in a row at most
+(default 5; 0: never), the first after `engine_restart_backoff` seconds (default 1), doubling.
 """
 
 from __future__ import annotations
@@ -51,13 +53,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, Model, ModelInstance, Outputs, RequestResult, ResponseSender
 from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters
+from naiad.backends.llm_supervisor import EngineSupervisor, RestartPolicy
 from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError, Unavailable
 from naiad.llm import gguf
 from naiad.llm.engine import EngineConfig
 from naiad.llm.engine_core import (
     AddRequest,
     CoreMessage,
-    EngineClient,
     EngineFailed,
     EngineStats,
     RequestOutput,
@@ -113,7 +115,20 @@ class LLMModel(Model):
         engine_process = _parameter("engine_process", params.get("engine_process", "true"), bool)
         return LLMInstance(self.engine_config(group, index), self.config.name,
                            {output.name for output in self.config.output}, engine_process=engine_process,
-                           instance_label=f"{group.name or self.config.name}_{index}")
+                           instance_label=f"{group.name or self.config.name}_{index}",
+                           restart_policy=self.restart_policy())
+
+    def restart_policy(self) -> RestartPolicy:
+        """How a dead engine core is restarted (`engine_restart_limit`, `engine_restart_backoff`)."""
+        params = {key: value.string_value for key, value in self.config.parameters.items()}
+        default = RestartPolicy()
+        limit = _parameter("engine_restart_limit", params.get("engine_restart_limit", str(default.limit)), int)
+        backoff = _parameter("engine_restart_backoff", params.get("engine_restart_backoff", str(default.backoff)),
+                             float)
+        try:
+            return RestartPolicy(limit=limit, backoff=backoff)
+        except ValueError as error:
+            raise InvalidArgument(f"model '{self.config.name}': {error}") from None
 
     def engine_config(self, group: mc.ModelInstanceGroup | None = None, index: int = 0) -> EngineConfig:
         """The engine settings from the config's `parameters` (every EngineConfig field but `model`
@@ -143,7 +158,7 @@ class LLMModel(Model):
 ENGINE_PARAMETERS: dict[str, type] = {
     "dtype": str, "device": str, "block_size": int, "kv_cache_memory": int, "kv_cache_fraction": float,
     "max_num_seqs": int, "max_num_batched_tokens": int, "max_model_len": int, "enable_prefix_caching": bool,
-    "enforce_eager": bool, "quantization": str, "tensor_parallel_size": int,
+    "enforce_eager": bool, "quantization": str, "tensor_parallel_size": int, "pipeline_parallel_size": int,
 }
 
 
@@ -207,6 +222,7 @@ class LLMMetrics:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.engine: EngineStats | None = None
+        self.engine_restarts = 0  # set by the instance from its supervisor's count
         self._lock = threading.Lock()
 
     def add_prompt(self, tokens: int) -> None:
@@ -234,6 +250,8 @@ class LLMMetrics:
                                self.ttft, self.labels),
                 _histogram_row("nv_llm_inter_token_latency_seconds", "Time between a request's successive tokens",
                                self.itl, self.labels),
+                MetricRow("nv_llm_engine_restarts", "counter", "Engine cores started again after one died",
+                          self.engine_restarts, self.labels),
             ]
         engine = self.engine
         if engine is not None:
@@ -267,7 +285,8 @@ class LLMInstance(ModelInstance):
     gathers_inputs = False
 
     def __init__(self, config: EngineConfig, model_name: str, output_names: set[str] | None = None,
-                 engine_process: bool = True, instance_label: str = "0") -> None:
+                 engine_process: bool = True, instance_label: str = "0",
+                 restart_policy: RestartPolicy | None = None) -> None:
         self.model_name = model_name
         self.output_names = {TEXT_OUTPUT, *EXTRA_OUTPUTS} if output_names is None else output_names
         self._token_texts: dict[int, str] = {}
@@ -277,11 +296,11 @@ class LLMInstance(ModelInstance):
         self._lock = threading.Lock()  # guards _active: start() adds, the reader thread removes
         self.metrics_state = LLMMetrics(instance_label)
         try:
-            self.client = EngineClient(config, self._on_message, in_process=not engine_process,
-                                       name=f"llm-{model_name}")
+            self.engine = EngineSupervisor(config, self._on_message, model_name=model_name,
+                                           in_process=not engine_process, policy=restart_policy)
         except RuntimeError as error:
             raise InvalidArgument(f"model '{model_name}': {error}") from None
-        self.max_model_len = self.client.info.max_model_len
+        self.max_model_len = self.engine.info.max_model_len  # a restarted core has the same config
 
     def execute(self, batch: Batch) -> list[RequestResult]:
         raise InvalidArgument("the llm backend only serves decoupled models")
@@ -301,12 +320,12 @@ class LLMInstance(ModelInstance):
             with self._lock:
                 self._active[parsed.seq_id] = parsed
             try:
-                self.client.add(AddRequest(parsed.seq_id, parsed.prompt, parsed.max_tokens, parsed.sampling_params,
+                self.engine.add(AddRequest(parsed.seq_id, parsed.prompt, parsed.max_tokens, parsed.sampling_params,
                                            parsed.ignore_eos))
-            except RuntimeError:
+            except RuntimeError as error:  # no core now (restarting, or given up): a client may retry
                 with self._lock:
                     self._active.pop(parsed.seq_id, None)
-                send(index, Unavailable(f"model '{self.model_name}': its engine is not running"), True)
+                send(index, Unavailable(f"model '{self.model_name}' is not ready: {error}"), True)
         executed()
         return True
 
@@ -314,9 +333,14 @@ class LLMInstance(ModelInstance):
         """Never called back: `start` always takes its batch."""
 
     def is_ready(self) -> bool:
-        return self.client.is_alive()
+        return self.engine.is_ready()
+
+    def not_ready_reason(self) -> str:
+        """Why the instance does not serve now ("" when it does): for the repository index."""
+        return self.engine.not_ready_reason()
 
     def metrics(self) -> list[MetricRow]:
+        self.metrics_state.engine_restarts = self.engine.restarts
         return self.metrics_state.rows()
 
     def close(self) -> None:
@@ -325,7 +349,7 @@ class LLMInstance(ModelInstance):
         for request in active.values():
             with contextlib.suppress(NaiadError):
                 request.send(Cancelled(f"model '{self.model_name}' was unloaded"), True)
-        self.client.close()
+        self.engine.close()
 
     # ------------------------------------------------------------------------- request parsing
 
@@ -448,7 +472,7 @@ class LLMInstance(ModelInstance):
         with self._lock:
             cancelled = [seq_id for seq_id, request in self._active.items() if request.cancelled()]
         if cancelled:
-            self.client.abort(cancelled)
+            self.engine.abort(cancelled)
             for seq_id in cancelled:
                 self._close(seq_id, Cancelled("the request was cancelled"))
 
@@ -474,7 +498,7 @@ class LLMInstance(ModelInstance):
             text, stopped = request.stop.push(text, final=done)
             if stopped:
                 if not done:
-                    self.client.abort([request.seq_id])
+                    self.engine.abort([request.seq_id])
                 done, reason = True, FinishReason.STOP
         counts = (output.num_prompt_tokens, request.sent_tokens)
         if request.stream:

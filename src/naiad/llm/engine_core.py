@@ -10,12 +10,14 @@ drains the messages that are waiting (adds, aborts), runs one step and sends its
 without sleeping. `EngineClient` is the server's end: it starts the core (in a process, or in
 a thread for tests and debugging), sends requests and aborts, and hands every message the
 core sends to a callback on its reader thread. If the core process dies, the callback gets
-`EngineFailed` for every request still open, and the client stops accepting work.
+`EngineFailed` for every request still open, the client stops accepting work, and `on_exit`
+is told why (the llm backend's supervisor then starts a fresh core: `naiad.backends.llm_supervisor`).
 
 With tensor parallelism the core is rank 0 and starts the workers itself (`naiad.llm.workers`).
 A step that fails because a worker died fails the open requests, as any failed step does, and
-then the core exits: the group cannot run without that rank, and a core that is gone is what
-makes the model instance not ready (until it is loaded again).
+then the core exits: the group cannot run without that rank. An idle core checks its workers
+every `WORKER_CHECK_SECS` and exits the same way, so that a worker lost while nothing runs is
+replaced before the next request rather than failing it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from naiad.llm.sequence import Sequence, TokenLogprobs
 from naiad.llm.workers import WorkerDied
 
 log = logging.getLogger(__name__)
+
+#: how often an idle core with tensor-parallel workers checks that they are alive
+WORKER_CHECK_SECS = 1.0
 
 # ------------------------------------------------------------------------------ client → core
 
@@ -151,13 +156,29 @@ class EngineCore:
 
     def run(self) -> None:
         while not self._broken:
-            if not self._active:
-                self.conn.poll(None)  # idle: sleep until the client writes
+            if not self._active and not self._wait_for_work():
+                return
             while self.conn.poll(0):
                 if not self._handle(_client_decoder.decode(self.conn.recv_bytes())):
                     return
             if self._active:
                 self.conn.send_bytes(_encoder.encode(self._step()))
+
+    def _wait_for_work(self) -> bool:
+        """Idle: sleep until the client writes. With workers, wake up now and then to check that
+        they live; False (after telling the client why) when one died."""
+        workers = self.engine.workers
+        if workers is None:
+            self.conn.poll(None)
+            return True
+        while not self.conn.poll(WORKER_CHECK_SECS):
+            try:
+                workers.check()
+            except WorkerDied as error:
+                log.error("the LLM engine core stops: %s", error)
+                self.conn.send_bytes(_encoder.encode(EngineFailed(f"the engine failed: {error}", [])))
+                return False
+        return True
 
     def _handle(self, message: ClientMessage) -> bool:
         if isinstance(message, AddRequest):
@@ -223,14 +244,17 @@ class EngineClient:
 
     `on_message` runs on the client's reader thread for every `StepOutputs`, `RequestRejected`
     and `EngineFailed`; it must not block for long, as the core's next outputs wait behind it.
+    `on_exit(cause)` runs on the same thread, last, when the core ended without `close()`.
     `in_process` runs the core on a thread of this process instead (same loop, same pipe).
     """
 
     def __init__(
         self, config: EngineConfig, on_message: Callable[[CoreMessage], None], *, in_process: bool = False,
-        name: str = "llm",
+        name: str = "llm", on_exit: Callable[[str], None] | None = None,
     ) -> None:
         self._on_message = on_message
+        self._on_exit = on_exit
+        self._last_failure = ""  # the core's latest EngineFailed not followed by a good step
         self._conn, core_end = multiprocessing.Pipe(duplex=True)
         self._send_lock = threading.Lock()
         self._open: set[str] = set()  # request ids sent and not yet finished, rejected or aborted
@@ -252,6 +276,7 @@ class EngineClient:
             message = first.message if isinstance(first, EngineFailed) else "the engine core did not start"
             raise RuntimeError(message)
         self.info = first
+        self.pid = self._core.pid if isinstance(self._core, multiprocessing.process.BaseProcess) else None
         self._reader = threading.Thread(target=self._read, name=f"{name}-outputs", daemon=True)
         self._reader.start()
 
@@ -286,13 +311,29 @@ class EngineClient:
             if message is None:
                 break
             self._forget_closed(message)
+            if isinstance(message, EngineFailed):
+                self._last_failure = message.message
+            elif isinstance(message, StepOutputs):
+                self._last_failure = ""  # that failure did not stop the core
             self._on_message(message)
         with self._open_lock:
             was_alive, self.alive = self.alive, False
             orphans, self._open = sorted(self._open), set()
-        if was_alive:
-            log.error("the LLM engine core exited; %d request(s) fail", len(orphans))
-            self._on_message(EngineFailed("the engine process exited", orphans))
+        if not was_alive:
+            return  # close() ended it
+        exited = self._exit_description()
+        log.error("the LLM engine core %s; %d request(s) fail", exited, len(orphans))
+        if self._on_exit is not None:  # first: whoever hears of the failure finds the restart under way
+            self._on_exit(f"the engine {exited}" + (f" ({self._last_failure})" if self._last_failure else ""))
+        self._on_message(EngineFailed(f"the engine {exited}", orphans))
+
+    def _exit_description(self) -> str:
+        """'process exited with code -9' (the signal, negated), or 'thread ended'."""
+        if not isinstance(self._core, multiprocessing.process.BaseProcess):
+            return "thread ended"
+        self._core.join(5)  # the pipe closes just before the process is reaped
+        code = self._core.exitcode
+        return "process exited" if code is None else f"process exited with code {code}"
 
     def _forget_closed(self, message: CoreMessage) -> None:
         with self._open_lock:
@@ -316,4 +357,9 @@ class EngineClient:
         if isinstance(self._core, multiprocessing.process.BaseProcess) and self._core.is_alive():
             self._core.kill()
             self._core.join(5)
+        # The reader sees EOF now that the core's end is closed. Wait for it before closing ours:
+        # a reader still in recv on a closed descriptor would read whatever pipe reuses the number.
+        reader = getattr(self, "_reader", None)  # none when the core failed to start
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(5)
         self._conn.close()
