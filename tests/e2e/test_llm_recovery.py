@@ -206,6 +206,12 @@ def test_a_restart_that_keeps_failing_gives_up_with_the_reason(server: ServerPro
     assert status == 503, answer
     message = answer["error"]
     assert "2 restart attempt(s) failed" in message and "the engine could not start" in message, message
+    # The repository index lists the loaded version UNAVAILABLE with that reason.
+    index = post(server.url, "/v2/repository/index", b"{}", {"Content-Type": "application/json"}).json()
+    (entry,) = [e for e in index if e["name"] == "fragile"]
+    assert entry["state"] == "UNAVAILABLE" and "2 restart attempt(s) failed" in entry["reason"], entry
+    (healthy,) = [e for e in index if e["name"] != "fragile"][:1]
+    assert healthy["state"] == "READY" and "reason" not in healthy, healthy
     time.sleep(1.0)  # and it stays down: no attempt after the limit
     assert server.get("/v2/models/fragile/ready") == 400
     assert len(_core_pids(server, "fragile")) == 1

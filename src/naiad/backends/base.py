@@ -213,6 +213,10 @@ class ModelInstance(ABC):
         """Whether the instance can serve (model-ready endpoints ask; must not block)."""
         return True
 
+    def not_ready_reason(self) -> str:
+        """Why the instance does not serve now ("" when it does): the repository index shows it."""
+        return ""
+
     def metrics(self) -> list[MetricRow]:
         """Backend-specific metric samples for /metrics (the core adds the model and version
         labels); read at scrape time, from another thread, so must not block."""

@@ -476,7 +476,16 @@ class ModelManager:
             return [{"name": name}]
         if not record.status:
             return [{"name": name, "state": "UNAVAILABLE", "reason": record.error}]
-        return [_index_entry(name, str(v), s.state, s.reason) for v, s in sorted(record.status.items())]
+        return [self._version_entry(name, record, v, s) for v, s in sorted(record.status.items())]
+
+    @staticmethod
+    def _version_entry(name: str, record: ModelRecord, version: int, status: VersionStatus) -> dict[str, Any]:
+        """A loaded version whose instances cannot serve now (an LLM engine restarting after its
+        core died) is listed UNAVAILABLE with their reason, as the ready endpoint answers."""
+        loaded = record.serving.get(version)
+        if status.state == "READY" and loaded is not None and (reason := loaded.not_ready_reason()):
+            return _index_entry(name, str(version), "UNAVAILABLE", reason)
+        return _index_entry(name, str(version), status.state, status.reason)
 
     def all_ready(self) -> bool:
         """Strict readiness: every model the server tried to load serves."""

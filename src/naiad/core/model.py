@@ -169,6 +169,13 @@ class LoadedVersion:
         """Every instance says it can serve (Python models may define is_ready())."""
         return all(instance.is_ready() for instance in self._instances)
 
+    def not_ready_reason(self) -> str:
+        """Why an instance does not serve ("" when every one does): e.g. an LLM engine restarting."""
+        for instance in self._instances:
+            if not instance.is_ready():
+                return instance.not_ready_reason() or "an instance of the model is not ready"
+        return ""
+
     def pending(self) -> int:
         return self._scheduler.pending() if self._scheduler else 0
 
