@@ -33,12 +33,28 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean, got '{text}'")
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
 def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
     parser.add_argument(flag, type=_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help)
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="serve a model repository (tritonserver's flags)")
+    # `naiad tritonserver ...` too: an image whose entry point is `naiad` then runs the args of a
+    # Triton ServingRuntime (`tritonserver --model-store=...`) unchanged.
+    p = sub.add_parser("serve", aliases=["tritonserver"], help="serve a model repository (tritonserver's flags)")
+    _serve_flags(p)
+
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-repository", "--model-store", dest="model_repository", action="append",
                    required=True,
                    help="model repository: a path, s3://[http(s)://host:port/]bucket/path, gs://bucket/path "
@@ -63,6 +79,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                         "starts one, or to start one on a new connection; then 408 and close (0: no limit)")
     p.add_argument("--http-header-forward-pattern", default="",
                    help="regex: matching HTTP headers become request parameters")
+    p.add_argument("--http-max-requests-per-connection", type=_non_negative, default=0, metavar="N",
+                   help="naiad: after N responses on one keep-alive connection, answer with "
+                        "'Connection: close' and close it, so clients reconnect and a load balancer "
+                        "can spread them over replicas (0: no limit)")
     _add_bool(p, "--allow-grpc", True, "serve gRPC")
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
@@ -125,6 +145,13 @@ def _grpc_flags(p: argparse.ArgumentParser) -> None:
                    help="accepted for tritonserver compatibility; naiad's gRPC frontend uses no thread pool")
     p.add_argument("--grpc-transport", choices=["naiad", "grpcio"], default="naiad",
                    help="naiad: own asyncio HTTP/2 (fast); grpcio: grpc.aio's server")
+    p.add_argument("--grpc-max-connection-age-ms", type=_non_negative, default=0, metavar="MS",
+                   help="naiad: send GOAWAY to a connection this old (+-10%% jitter, as gRPC core's "
+                        "GRPC_ARG_MAX_CONNECTION_AGE_MS), so long-lived channels reconnect and spread "
+                        "over replicas (0: no limit)")
+    p.add_argument("--grpc-max-connection-age-grace-ms", type=_non_negative, default=0, metavar="MS",
+                   help="naiad: after that GOAWAY, calls still open get this long before the "
+                        "connection is closed (GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS; 0: no limit)")
     p.add_argument("--grpc-handshake-timeout-secs", type=float, default=120.0,
                    help="naiad: seconds a new connection has to send the HTTP/2 preface and its first "
                         "frame (gRPC core's server handshake timeout), and any frame to complete once "
@@ -150,6 +177,8 @@ def _grpc_options(args: argparse.Namespace) -> GrpcOptions:
         infer_thread_count=args.grpc_infer_thread_count,
         transport=args.grpc_transport,
         handshake_timeout_secs=args.grpc_handshake_timeout_secs,
+        max_connection_age_ms=args.grpc_max_connection_age_ms,
+        max_connection_age_grace_ms=args.grpc_max_connection_age_grace_ms,
     )
 
 
@@ -232,6 +261,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         http_max_input_size=args.http_max_input_size,
         http_read_timeout_secs=args.http_read_timeout_secs,
         http_header_forward_pattern=args.http_header_forward_pattern,
+        http_max_requests_per_connection=args.http_max_requests_per_connection,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
@@ -323,6 +353,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "config":
         return _print_config(args)
+    return _serve(args, options_from_args(args, parser))
+
+
+def build_tritonserver_parser() -> argparse.ArgumentParser:
+    """`tritonserver`'s own command line: the serve flags with no subcommand."""
+    parser = argparse.ArgumentParser(prog="tritonserver",
+                                     description="naiad under Triton's entry-point name (same flags as naiad serve).")
+    _serve_flags(parser)
+    return parser
+
+
+def tritonserver_main(argv: Sequence[str] | None = None) -> int:
+    """The `tritonserver` console script: a drop-in for Triton's binary, so a KServe
+    ServingRuntime (or any manifest) written for Triton runs naiad with its args unchanged."""
+    parser = build_tritonserver_parser()
+    args = parser.parse_args(argv)
     return _serve(args, options_from_args(args, parser))
 
 

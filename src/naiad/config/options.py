@@ -29,6 +29,11 @@ class GrpcOptions:
     # naiad's own: a connection must send the HTTP/2 preface and its first frame within this
     # (gRPC core's server handshake timeout, 120 s), and finish any frame it begins; 0 = no limit
     handshake_timeout_secs: float = 120.0
+    # naiad's own, gRPC core's GRPC_ARG_MAX_CONNECTION_AGE_MS / _GRACE_MS: a connection this old
+    # (+-10 % jitter) gets GOAWAY so clients reconnect and spread over replicas behind a load
+    # balancer; its open calls then get the grace before it is closed. 0 = no limit (each)
+    max_connection_age_ms: int = 0
+    max_connection_age_grace_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,9 @@ class ServerOptions:
     # within this many seconds of its first byte, else 408 and close (slow clients); 0 = no limit
     http_read_timeout_secs: float = 60.0
     http_header_forward_pattern: str = ""
+    # naiad's own: after this many responses a keep-alive connection is closed (Connection: close)
+    # so clients reconnect and spread over replicas; 0 = no limit
+    http_max_requests_per_connection: int = 0
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001

@@ -49,7 +49,8 @@ async def run(options: ServerOptions, log_settings: LogSettings) -> int:
     http = HttpService(HttpApp(server, options.http_max_input_size, _http_gates(options)),
                        options.http_address, options.http_port,
                        tls=(options.access.http_ssl_cert, options.access.http_ssl_key),
-                       read_timeout=options.http_read_timeout_secs)
+                       read_timeout=options.http_read_timeout_secs,
+                       max_requests=options.http_max_requests_per_connection)
     grpc_service = GrpcService(server, options)
     metrics: MetricsServer | None = None
     try:

@@ -18,8 +18,9 @@ from naiad.frontends.grpc.tls import TlsFiles, grpcio_credentials
 
 
 def channel_options(options: GrpcOptions) -> list[tuple[str, int]]:
-    """Message size limits (both directions) and keepalive, with tritonserver's meaning."""
-    return [
+    """Message size limits (both directions), keepalive with tritonserver's meaning, and the
+    maximum connection age (gRPC core jitters it by +-10 % itself)."""
+    chosen = [
         ("grpc.max_send_message_length", options.max_message_size),
         ("grpc.max_receive_message_length", options.max_message_size),
         ("grpc.keepalive_time_ms", options.keepalive_time_ms),
@@ -32,6 +33,12 @@ def channel_options(options: GrpcOptions) -> list[tuple[str, int]]:
         # A port another process holds is an error, not a silently shared listener.
         ("grpc.so_reuseport", 0),
     ]
+    # 0 is naiad's "no limit"; left out, gRPC core's own default (no limit) applies.
+    if options.max_connection_age_ms > 0:
+        chosen.append(("grpc.max_connection_age_ms", options.max_connection_age_ms))
+    if options.max_connection_age_grace_ms > 0:
+        chosen.append(("grpc.max_connection_age_grace_ms", options.max_connection_age_grace_ms))
+    return chosen
 
 
 class GrpcioServer:

@@ -13,6 +13,11 @@ within `read_timeout` seconds of their first byte (--http-read-timeout-secs), el
 so connections that dribble bytes (slowloris) cannot pile up. A body whose Content-Length is over
 the limit is refused as soon as its headers are in; the rest is read and dropped, never kept.
 
+Balancing: with `max_requests` (--http-max-requests-per-connection) the Nth response on a
+connection says `connection: close` and the connection closes, so a keep-alive client opens a
+new one, which a load balancer may send to another replica. Requests a client pipelined behind
+the Nth are not answered (a client must retry those, as after any close).
+
 A `StreamReply` (the generate_stream endpoint) is written as it is produced, in chunked transfer
 encoding, waiting whenever the client reads slower than the server writes.
 """
@@ -75,8 +80,11 @@ class Connections:
 
 
 class HttpProtocol(asyncio.Protocol):
-    def __init__(self, dispatch: Dispatch, max_body: int, connections: Connections, read_timeout: float = 0.0) -> None:
+    def __init__(self, dispatch: Dispatch, max_body: int, connections: Connections, read_timeout: float = 0.0,
+                 max_requests: int = 0) -> None:
         self.dispatch = dispatch
+        self.max_requests = max_requests  # responses before the connection closes; 0: no limit
+        self.responses = 0  # begun on this connection
         self.max_body = max_body
         self.connections = connections
         self.read_timeout = read_timeout  # seconds; 0: wait for slow clients for ever
@@ -239,6 +247,9 @@ class HttpProtocol(asyncio.Protocol):
 
     async def _run(self, request: _Request) -> None:
         keep_alive = request.keep_alive and not request.too_large
+        self.responses += 1
+        if self.max_requests and self.responses >= self.max_requests:
+            keep_alive = False  # the last one this connection answers: the client reconnects
         try:
             if request.too_large:
                 reply, extra = _too_large(self.max_body), []

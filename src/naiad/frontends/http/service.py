@@ -14,8 +14,9 @@ log = logging.getLogger(__name__)
 
 class HttpService:
     def __init__(self, app: HttpApp, host: str, port: int, backlog: int = 4096,
-                 read_timeout: float = 0.0, tls: tuple[str, str] = ("", "")) -> None:
+                 read_timeout: float = 0.0, tls: tuple[str, str] = ("", ""), max_requests: int = 0) -> None:
         self.app = app
+        self.max_requests = max_requests  # --http-max-requests-per-connection; 0: no limit
         self.read_timeout = read_timeout  # --http-read-timeout-secs; 0: no limit
         self.tls = tls  # (--http-ssl-cert, --http-ssl-key); empty: plain HTTP
         self.host = host
@@ -29,7 +30,8 @@ class HttpService:
         max_body = self.app.max_input_size
         context = http_ssl_context(*self.tls)  # Unavailable (a start-up error) when unusable
         self._server = await loop.create_server(
-            lambda: HttpProtocol(self.app.dispatch, max_body, self.connections, self.read_timeout),
+            lambda: HttpProtocol(self.app.dispatch, max_body, self.connections, self.read_timeout,
+                                 self.max_requests),
             self.host, self.port, backlog=self.backlog, reuse_address=True, ssl=context,
         )
         log.info("Started HTTPService at %s:%d%s", self.host, self.port, " (HTTPS)" if context else "")

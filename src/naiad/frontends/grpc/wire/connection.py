@@ -14,6 +14,7 @@ import time
 from typing import Any, cast
 
 from naiad.config.options import GrpcOptions
+from naiad.frontends.grpc.wire import age
 from naiad.frontends.grpc.wire import frames as f
 from naiad.frontends.grpc.wire.call import Call
 from naiad.frontends.grpc.wire.headers import HeaderDecoder, response_headers, trailers
@@ -57,6 +58,7 @@ class Connection(asyncio.Protocol):
         self.ping_policy = PingPolicy(options)
         self.pings = PingSchedule(options)
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._age_ping: bytes | None = None  # the PING between max-age's two GOAWAYs
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -68,6 +70,9 @@ class Connection(asyncio.Protocol):
         self.emit(f.settings(ours) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
         self.flush()
         self._schedule_keepalive()
+        limit = age.age_seconds(self.options)
+        if limit > 0:
+            self._timers["age"] = asyncio.get_running_loop().call_later(limit, self._age_reached)
         if self.options.handshake_timeout_secs > 0:
             # A client that never completes the preface and a first frame holds a socket for
             # nothing (a slow-client attack): gRPC core gives it 120 s, so does naiad by default.
@@ -235,6 +240,9 @@ class Connection(asyncio.Protocol):
         if len(frame.payload) != 8:
             raise f.ProtocolError("PING payload must be 8 bytes", f.FRAME_SIZE_ERROR)
         if frame.flags & f.ACK:
+            if self._age_ping is not None and frame.payload == self._age_ping:
+                self._age_go_away()
+                return
             timer = self._timers.pop("ping_timeout", None)
             if timer is not None:
                 timer.cancel()
@@ -380,6 +388,37 @@ class Connection(asyncio.Protocol):
         log.debug("gRPC client did not answer a keepalive ping: closing its connection")
         if self.transport is not None:
             self.transport.abort()
+
+    def _age_reached(self) -> None:
+        """The connection is --grpc-max-connection-age-ms old: end it gracefully, as gRPC core
+        does: GOAWAY naming every stream, a PING, and once its answer shows the client has seen
+        the GOAWAY, the final GOAWAY; calls then open finish (within the grace) and it closes."""
+        self._timers.pop("age", None)
+        if self.going_away or self.transport is None:
+            return
+        log.debug("gRPC connection reached its maximum age: sending GOAWAY")
+        self._age_ping = os.urandom(8)
+        self.emit(f.goaway(age.MAX_STREAM_ID, f.NO_ERROR, b"max_age"))
+        self.emit(f.frame(f.PING, 0, 0, self._age_ping))
+        loop = asyncio.get_running_loop()
+        self._timers["age_ping"] = loop.call_later(age.PING_WAIT_S, self._age_go_away)
+        grace = age.grace_seconds(self.options)
+        if grace > 0:
+            self._timers["age_grace"] = loop.call_later(grace, self._age_grace_over)
+
+    def _age_go_away(self) -> None:
+        timer = self._timers.pop("age_ping", None)
+        if timer is not None:
+            timer.cancel()
+        self._age_ping = None
+        if not self.going_away:
+            self.go_away()
+
+    def _age_grace_over(self) -> None:
+        self._timers.pop("age_grace", None)
+        if self.calls:
+            log.debug("gRPC calls still open after the maximum connection age's grace: closing")
+        self.close()
 
     def go_away(self) -> None:
         """Stop taking calls; the connection closes once the running ones are answered."""
