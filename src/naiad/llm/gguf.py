@@ -1,7 +1,10 @@
 """Read a llama.cpp GGUF file as a Hugging Face config dict and HF-named float weights.
 
 Only the Llama architecture is mapped. Quantized tensors (Q4_1, Q8_0, ...) are dequantized to
-float32 at load; the model then runs in whatever dtype the caller asks for.
+float32 at load (`read_weights`); the model then runs in whatever dtype the caller asks for.
+With `quantization: "gguf"` the loader instead keeps the linear layers' Q8_0, Q4_0 and Q4_1
+tensors as they are (`blocks`: int8 values, a float16 scale per block of 32 and Q4_1's minimum,
+for quantization.Q8BlockLinear) and dequantizes the rest.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from naiad.llm.models.llama import LlamaArgs
@@ -116,18 +119,70 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return rows.transpose(1, 2).reshape(weight.shape)
 
 
-def read_weights(reader: GGUFReader, args: LlamaArgs) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor dequantized to float32, HF-named, Q and K back in HF's rope layout."""
+def _unpermute(name: str, weight: torch.Tensor, args: LlamaArgs) -> torch.Tensor:
+    """Q and K rows (weights, biases, or blocks of either) back in HF's rope layout."""
+    if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
+        return unpermute_qk(weight, args.num_heads)
+    if name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
+        return unpermute_qk(weight, args.num_kv_heads)
+    return weight
+
+
+#: The tensor types `blocks` reads: what quantization.Q8BlockLinear multiplies as they are.
+KEPT_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+
+
+def blocks(tensor: Any, args: LlamaArgs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A Q8_0, Q4_0 or Q4_1 tensor as (int8 values `[rows, cols]`, float16 scales `[rows, cols /
+    32]`, float16 minimums likewise for Q4_1 else None), copied out of the memory map, rows in
+    HF's order (Q and K unpermuted). The values are the file's, exactly.
+
+    A block of 32 inputs is, in ggml's layout: Q8_0 a float16 scale d then 32 int8 (w = d q);
+    Q4_0 d then 16 bytes of 4-bit q, inputs 0-15 in the low nibbles and 16-31 in the high ones
+    (w = d (q - 8)); Q4_1 d, a float16 minimum m, then the same 16 bytes (w = d q + m).
+    """
+    kind = tensor.tensor_type
+    if kind not in KEPT_TYPES:
+        raise ValueError(f"GGUF tensor {tensor.name!r} is {kind.name}, not one of Q8_0, Q4_0, Q4_1")
+    raw = np.asarray(tensor.data, dtype=np.uint8)
+    rows = raw.shape[0]
+    header = 4 if kind == GGMLQuantizationType.Q4_1 else 2
+    data = raw.reshape(rows, -1, header + (32 if kind == GGMLQuantizationType.Q8_0 else 16))
+    halves = np.ascontiguousarray(data[..., :header]).view(np.float16)  # [rows, blocks, 1 or 2]
+    if kind == GGMLQuantizationType.Q8_0:
+        values = np.ascontiguousarray(data[..., header:]).view(np.int8)
+    else:
+        packed = data[..., header:]
+        values = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.int8)
+        if kind == GGMLQuantizationType.Q4_0:
+            values -= 8
+    name = hf_name(tensor.name)
+
+    def rows_of(array: np.ndarray) -> torch.Tensor:
+        return _unpermute(name, torch.from_numpy(np.ascontiguousarray(array).reshape(rows, -1)), args).contiguous()
+
+    mins = rows_of(halves[..., 1]) if kind == GGMLQuantizationType.Q4_1 else None
+    return rows_of(values), rows_of(halves[..., 0]), mins
+
+
+def read_weights(
+    reader: GGUFReader, args: LlamaArgs, skip: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor dequantized to float32, HF-named, Q and K back in HF's rope layout; but
+    those whose GGUF names are in `skip` (the loader keeps them quantized)."""
     for tensor in reader.tensors:
+        if tensor.name in skip:
+            continue
         name = hf_name(tensor.name)
-        # dequantize returns numpy's row-major [out, in] shape, as torch's Linear stores it.
-        # Copied: unquantized tensors come back as views of the read-only memory map.
-        weight = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
-        if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
-            weight = unpermute_qk(weight, args.num_heads)
-        elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
-            weight = unpermute_qk(weight, args.num_kv_heads)
-        yield name, weight
+        yield name, dequantized(tensor, args)
+
+
+def dequantized(tensor: Any, args: LlamaArgs) -> torch.Tensor:
+    """One GGUF tensor as float32, Q and K rows in HF's order."""
+    # dequantize returns numpy's row-major [out, in] shape, as torch's Linear stores it.
+    # Copied: unquantized tensors come back as views of the read-only memory map.
+    weight = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+    return _unpermute(hf_name(tensor.name), weight, args)
 
 
 def read_eos_token_ids(reader: GGUFReader) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ from safetensors import safe_open
 from naiad.llm import gguf
 from naiad.llm.models.llama import LlamaArgs, LlamaForCausalLM
 from naiad.llm.parallel import TensorParallel
+from naiad.llm.quantization import Q8BlockLinear
 from naiad.llm.tokenizer import Tokenizer
 
 DTYPES = {
@@ -52,14 +53,28 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
     tp: TensorParallel | None = None,
+    quantization: str = "none",
 ) -> LlamaForCausalLM:
     """Build the model from a HF directory (config.json, safetensors) or a `.gguf` file; under
-    tensor parallelism, this rank's shard of it."""
+    tensor parallelism, this rank's shard of it.
+
+    `quantization="gguf"` keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 linear layers as they are (`_keep_blocks`);
+    other methods are applied after loading (quantization.quantize_linears).
+    """
     if gguf.is_gguf(model):
         reader = GGUFReader(model)
         config = gguf.read_config(reader)
         args = LlamaArgs.from_hf_config(config)
+        if quantization == "gguf":
+            if tp is not None and tp.active:
+                raise ValueError("quantization 'gguf' does not run under tensor parallelism yet")
+            built = _empty(args, resolve_dtype(dtype, config), device, tp)
+            kept = _keep_blocks(built, reader, args)
+            built.load_weights(gguf.read_weights(reader, args, skip=kept))
+            return built.eval()
         return _build(args, resolve_dtype(dtype, config), device, gguf.read_weights(reader, args), tp)
+    if quantization == "gguf":
+        raise ValueError(f"quantization 'gguf' needs a .gguf model file, not {model}")
     config = read_config(model)
     args = LlamaArgs.from_hf_config(config)
     return _build(args, resolve_dtype(dtype, config), device, _safetensors(Path(model)), tp)
@@ -78,22 +93,71 @@ def _build(
     weights: Iterator[tuple[str, torch.Tensor]],
     tp: TensorParallel | None = None,
 ) -> LlamaForCausalLM:
-    # On the meta device, parameters take no memory and no time to initialise: the checkpoint
-    # overwrites them all (`load_weights` checks that it does).
-    with torch.device("meta"):
-        model = LlamaForCausalLM(args, tp)
-    model = model.to(dtype=dtype).to_empty(device=device)
-    model.tie_weights()
+    model = _empty(args, dtype, device, tp)
     model.load_weights(weights)
     return model.eval()
 
 
+def _empty(
+    args: LlamaArgs, dtype: torch.dtype, device: str | torch.device, tp: TensorParallel | None
+) -> LlamaForCausalLM:
+    # On the meta device, parameters take no memory and no time to initialise: the checkpoint
+    # overwrites them all (`load_weights` checks that it does). `to_empty` only reserves their
+    # memory: the pages of a linear that `_keep_blocks` swaps out are never touched.
+    with torch.device("meta"):
+        model = LlamaForCausalLM(args, tp)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    model.tie_weights()
+    return model
+
+
+def _keep_blocks(model: LlamaForCausalLM, reader: GGUFReader, args: LlamaArgs) -> frozenset[str]:
+    """Swap each linear layer whose GGUF tensors are all Q8_0, Q4_0 or Q4_1 for a `Q8BlockLinear`
+    of the file's blocks (fused q/k/v and gate/up: their rows one after the other; zero
+    minimums for parts without them); the GGUF tensor names used, which `read_weights` then
+    skips. Other types (K-quants, F16, ...) stay dequantized."""
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    # A pipeline stage numbers its layers from 0; the file from the model's first.
+    first = getattr(model.model, "layer_range", range(0)).start
+    plan: list[tuple[torch.nn.Module, str, list[str]]] = []
+    for index, layer in enumerate(model.model.layers):
+        blk = f"blk.{first + index}"
+        plan += [(layer.self_attn, "qkv_proj", [f"{blk}.attn_q", f"{blk}.attn_k", f"{blk}.attn_v"]),
+                 (layer.self_attn, "o_proj", [f"{blk}.attn_output"]),
+                 (layer.mlp, "gate_up_proj", [f"{blk}.ffn_gate", f"{blk}.ffn_up"]),
+                 (layer.mlp, "down_proj", [f"{blk}.ffn_down"])]
+    head = "output" if "output.weight" in tensors else "token_embd"  # tied: the embedding's matrix
+    if getattr(model, "lm_head", None) is not None:
+        plan.append((model, "lm_head", [head]))
+    used: set[str] = set()
+    for parent, attr, parts in plan:
+        weights = [tensors.get(f"{part}.weight") for part in parts]
+        if not all(t is not None and t.tensor_type in gguf.KEPT_TYPES for t in weights):
+            continue
+        biases = [tensors.get(f"{part}.bias") for part in parts]
+        if any(b is not None for b in biases) and not all(b is not None for b in biases):
+            continue  # some parts with a bias, some without: leave it to the dequantized path
+        parts_blocks = [gguf.blocks(t, args) for t in weights]
+        mins = None
+        if any(m is not None for _, _, m in parts_blocks):
+            mins = torch.cat([torch.zeros_like(s) if m is None else m for _, s, m in parts_blocks])
+        bias = torch.cat([gguf.dequantized(b, args) for b in biases]) if biases[0] is not None else None
+        setattr(parent, attr, Q8BlockLinear(torch.cat([q for q, _, _ in parts_blocks]),
+                                            torch.cat([s for _, s, _ in parts_blocks]), bias, mins))
+        used.update(t.name for t in [*weights, *biases] if t is not None)
+    if head == "token_embd" and getattr(model.model, "embed_tokens", None) is not None:
+        used.discard("token_embd.weight")  # the embedding still needs it
+    return frozenset(used)
+
+
 def load_gguf(
-    path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
+    path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu", quantization: str = "none"
 ) -> tuple[LlamaForCausalLM, Tokenizer, tuple[int, ...]]:
-    """A GGUF file's model (dequantized; "auto" is float32), its tokenizer and its end tokens."""
+    """A GGUF file's model (dequantized, "auto" being float32, unless `quantization="gguf"`),
+    its tokenizer and its end tokens."""
     reader = GGUFReader(path)
-    return load_model(path, dtype, device), Tokenizer.from_gguf(reader), gguf.read_eos_token_ids(reader)
+    model = load_model(path, dtype, device, quantization=quantization)
+    return model, Tokenizer.from_gguf(reader), gguf.read_eos_token_ids(reader)
 
 
 def _safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,14 +1,16 @@
 """CPU kernels in plain C, built on first use with the machine's gcc and called through ctypes:
 decode attention over the paged cache (`paged_attention.c`), the decoder layer's fused
 element-wise ops (`fused_ops.c`: RMSNorm with the residual add, rotary embedding, SiLU-gating)
-and INT8 weight-only linear layers for decode-sized inputs (`int8_linear.c`).
+and 8-bit linear layers with 8-bit activations, on AVX512-VNNI where the CPU has it and in
+portable C elsewhere (`q8_linear.c`).
 
 Why not a torch C++ extension: one including torch's headers takes about a minute to compile
 on two cores, while this C file builds in under a second and needs nothing but gcc (which CI
 has). The library is built for this CPU (`-march=native`) into the cache directory
 (`$NAIAD_CACHE_DIR`, else a per-user folder under the temp dir), keyed by the source and the
 CPU; a build that fails leaves the torch reference in charge. `NAIAD_LLM_KERNELS=0` turns the
-kernels off (to compare against the reference).
+kernels off (to compare against the reference); `NAIAD_LLM_VNNI=0` keeps `q8_linear` on its
+portable path on a CPU that has VNNI (to test that path, or to compare).
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "paged_attention.c", HERE / "fused_ops.c", HERE / "int8_linear.c"]
+SOURCES = [HERE / "paged_attention.c", HERE / "fused_ops.c", HERE / "q8_linear.c"]
 HEADERS = [HERE / "common.h"]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _tried = False
+_vnni: bool | None = None  # what the library says of the CPU, asked once
 
 
 def cache_dir() -> Path:
@@ -96,8 +99,10 @@ def library() -> ctypes.CDLL | None:
         lib.rms_norm.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 5, ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
         lib.rotary.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 6]
         lib.silu_mul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-        lib.int8_linear.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 5, *[ctypes.c_int64] * 4]
-        for name in ("rms_norm", "rotary", "silu_mul", "int8_linear"):
+        lib.q8_linear.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, ctypes.c_int, *[ctypes.c_void_p] * 2,
+                                  *[ctypes.c_int64] * 5, ctypes.c_int]
+        lib.q8_has_vnni.argtypes = []
+        for name in ("rms_norm", "rotary", "silu_mul", "q8_linear", "q8_has_vnni"):
             getattr(lib, name).restype = ctypes.c_int
         _library = lib
         return _library
@@ -192,14 +197,43 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`x @ (weight * scale[:, None]).T + bias` for int8 `weight` `[out, in]` and float32 `scale`
-    (and `bias`); rows of `x` in its own dtype, split over torch's thread count by output feature."""
-    x = x.contiguous()
-    rows, features = x.numel() // x.shape[-1], weight.shape[0]
-    out = torch.empty(*x.shape[:-1], features, dtype=x.dtype, device=x.device)
-    _check(_lib().int8_linear(_DTYPES[x.dtype], x.data_ptr(), weight.data_ptr(), scale.data_ptr(),
-                              None if bias is None else bias.data_ptr(), out.data_ptr(), rows, x.shape[-1],
-                              features, torch.get_num_threads()), "int8_linear")
-    return out
+#: `q8_linear`'s weight scales: one float32 per output channel, one float16 per block of 32
+#: inputs, or a float16 scale and minimum per block (w = d * q + m, GGUF's Q4_1).
+SCALE_CHANNEL_F32, SCALE_BLOCK_F16, SCALE_BLOCK_F16_MIN = 0, 1, 2
 
+
+def has_vnni() -> bool:
+    """Whether `q8_linear` runs on AVX512-VNNI here (the CPU has it, the build used it, and
+    `NAIAD_LLM_VNNI` is not "0")."""
+    global _vnni
+    lib = library()
+    if lib is None:
+        return False
+    if _vnni is None:
+        _vnni = bool(lib.q8_has_vnni())
+    return _vnni and os.environ.get("NAIAD_LLM_VNNI", "1") != "0"
+
+
+def q8_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    scale_kind: int,
+    bias: torch.Tensor | None,
+    out_features: int,
+) -> torch.Tensor:
+    """`x @ W.T + bias` for 8-bit `W` in q8_linear.c's panel layout (`packed` uint8
+    `[panels, in_pad / 4, 16, 4]`, `scales` as `scale_kind` says); `x`'s rows are quantized to
+    int8 per block of 32 inside. Float32 `bias`; the result in `x`'s dtype."""
+    x = x.contiguous()
+    in_features = x.shape[-1]
+    rows, in_pad = x.numel() // in_features, packed.shape[1] * 4
+    out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
+    vnni = os.environ.get("NAIAD_LLM_VNNI", "1") != "0"
+    status = _lib().q8_linear(_DTYPES[x.dtype], x.data_ptr(), packed.data_ptr(), scales.data_ptr(), scale_kind,
+                              None if bias is None else bias.data_ptr(), out.data_ptr(), rows, in_features, in_pad,
+                              out_features, torch.get_num_threads(), int(vnni))
+    if status == -2:
+        raise ValueError(f"packed weights of {in_pad} inputs do not fit {in_features} (a multiple of 32 at least)")
+    _check(status, "q8_linear")
+    return out

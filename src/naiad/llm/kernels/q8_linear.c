@@ -1,0 +1,322 @@
+/*
+ * 8-bit linear layers with 8-bit activations: y[r, n] = sum_k x[r, k] * w[n, k] + bias[n].
+ *
+ * The weights are int8 with either one float32 scale per output channel (quantized at load,
+ * `quantization: "int8"`) or one float16 scale per block of 32 inputs (GGUF's Q8_0, as read
+ * from the file). Each row of `x` is quantized here, per block of 32 inputs, to int8 with a
+ * float32 scale (llama.cpp's Q8_0 activations): a scale per whole row raises SmolLM2's
+ * perplexity by 3 %, per block of 32 by none measurable. Each block's int8 dot products are
+ * summed exactly in int32 and then scaled into a float32 sum.
+ *
+ * Weight layout, chosen at load (see quantization.py's `pack`) so that the inner loop streams
+ * through memory: panels of 16 output channels, `[panels, in_pad / 4, 16, 4]`, i.e. for each
+ * group of 4 inputs, 4 bytes per channel of the panel. One 64-byte load then feeds AVX512-VNNI's
+ * `vpdpbusd`, which multiplies 64 unsigned by 64 signed bytes and adds each group of 4 into one
+ * of 16 int32 lanes: one lane per output channel, no horizontal sums. `vpdpbusd` wants one
+ * operand unsigned: the weights are stored as w + 128 (uint8), and the 128 * sum(x) that adds
+ * is taken off each block's sum (the activation sums are known from quantizing x).
+ * `in_pad` is `in` rounded up to 32 (zero weights and zero activations fill it).
+ *
+ * Scales: per channel, float32 `[panels * 16]`; per block, float16 `[panels, in_pad / 32, 16]`;
+ * per block with a minimum (GGUF's Q4_1, w = d * q + m with q in 0..15), float16
+ * `[panels, in_pad / 32, 2, 16]`, the 16 d then the 16 m. The weights then hold v = q - 8:
+ * products of the activations' rounding errors with q's all-positive 0..15 add up, with the
+ * centred -8..7 they cancel (3x less error on a random model). So w = d * v + (m + 8 d), and the
+ * second term adds (m + 8 d) * sum(x) over the block, with the block's float sum of x.
+ *
+ * Without AVX512-VNNI (checked at run time, or turned off by the caller), a portable C loop
+ * computes the same integer sums. Output panels are split over the caller's thread count, run
+ * by a pool of threads that outlives the call (`pool_run`): a decode step makes some fifty of
+ * these calls of 20-100 us each, and starting and joining a thread per call cost about as much.
+ */
+#include "common.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_VNNI_BUILD 1
+#else
+#define HAVE_VNNI_BUILD 0
+#endif
+
+#define QBLOCK 32
+#define PANEL 16
+#define ROW_TILE 4
+#define MAX_THREADS 64
+
+enum { SCALE_CHANNEL_F32 = 0, SCALE_BLOCK_F16 = 1, SCALE_BLOCK_F16_MIN = 2 };
+
+/* 1 when this build has the VNNI path and the CPU runs it. */
+int q8_has_vnni(void) {
+#if HAVE_VNNI_BUILD && defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    const int8_t *xq;   /* [rows, in_pad] */
+    const float *xs;    /* [rows, blocks] */
+    const int32_t *xsum; /* [rows, blocks]: 128 * the sum of each block's xq */
+    const float *xfsum;  /* [rows, blocks]: the sum of each block's x */
+    const uint8_t *w;
+    const void *scales;
+    const float *bias;
+    float *y; /* [rows, out] */
+    int64_t rows, in_pad, out, first, last; /* panels [first, last) */
+    int scale_kind, vnni;
+} q8_job_t;
+
+/* Rows [r0, r0 + nr) of one panel, portable: the same integer sums as the VNNI path. */
+static void panel_portable(const q8_job_t *job, int64_t p, int64_t r0, int64_t nr) {
+    const int64_t blocks = job->in_pad / QBLOCK;
+    const uint8_t *wp = job->w + p * job->in_pad * PANEL;
+    float facc[ROW_TILE][PANEL] = {{0}};
+    for (int64_t b = 0; b < blocks; b++) {
+        float ws[PANEL], wm[PANEL] = {0};
+        if (job->scale_kind == SCALE_BLOCK_F16) {
+            const _Float16 *s = (const _Float16 *)job->scales + (p * blocks + b) * PANEL;
+            for (int c = 0; c < PANEL; c++) ws[c] = (float)s[c];
+        } else if (job->scale_kind == SCALE_BLOCK_F16_MIN) {
+            const _Float16 *s = (const _Float16 *)job->scales + (p * blocks + b) * 2 * PANEL;
+            for (int c = 0; c < PANEL; c++) ws[c] = (float)s[c], wm[c] = (float)s[PANEL + c] + 8.0f * ws[c];
+        } else {
+            for (int c = 0; c < PANEL; c++) ws[c] = 1.0f;
+        }
+        const uint8_t *wb = wp + b * QBLOCK * PANEL;
+        for (int64_t r = 0; r < nr; r++) {
+            const int8_t *xb = job->xq + (r0 + r) * job->in_pad + b * QBLOCK;
+            int32_t acc[PANEL] = {0};
+            for (int s = 0; s < QBLOCK / 4; s++)
+                for (int c = 0; c < PANEL; c++)
+                    for (int j = 0; j < 4; j++) acc[c] += (int32_t)wb[(s * PANEL + c) * 4 + j] * xb[s * 4 + j];
+            const int64_t at = (r0 + r) * blocks + b;
+            const float xs = job->xs[at];
+            for (int c = 0; c < PANEL; c++)
+                facc[r][c] += (float)(acc[c] - job->xsum[at]) * (xs * ws[c]) + wm[c] * job->xfsum[at];
+        }
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        for (int c = 0; c < PANEL; c++) {
+            const int64_t n = p * PANEL + c;
+            if (n >= job->out) break;
+            float v = facc[r][c];
+            if (job->scale_kind == SCALE_CHANNEL_F32) v *= ((const float *)job->scales)[n];
+            job->y[(r0 + r) * job->out + n] = v + (job->bias ? job->bias[n] : 0.0f);
+        }
+    }
+}
+
+#if HAVE_VNNI_BUILD
+/* Rows [r0, r0 + nr) of one panel with vpdpbusd; nr is a constant after inlining. */
+static inline __attribute__((always_inline)) void panel_vnni_rows(const q8_job_t *job, int64_t p, int64_t r0,
+                                                                  const int nr) {
+    const int64_t blocks = job->in_pad / QBLOCK;
+    const uint8_t *wp = job->w + p * job->in_pad * PANEL;
+    __m512 facc[ROW_TILE];
+    for (int r = 0; r < nr; r++) facc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *wb = wp + b * QBLOCK * PANEL;
+        __m512i acc[ROW_TILE];
+        for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_si512();
+        for (int s = 0; s < QBLOCK / 4; s++) {
+            const __m512i w = _mm512_loadu_si512((const void *)(wb + s * PANEL * 4));
+            for (int r = 0; r < nr; r++) {
+                int32_t four;
+                memcpy(&four, job->xq + (r0 + r) * job->in_pad + b * QBLOCK + s * 4, sizeof four);
+                acc[r] = _mm512_dpbusd_epi32(acc[r], w, _mm512_set1_epi32(four));
+            }
+        }
+        __m512 ws = _mm512_set1_ps(1.0f), wm = _mm512_setzero_ps();
+        const uint16_t *sp = (const uint16_t *)job->scales;
+        if (job->scale_kind == SCALE_BLOCK_F16) {
+            ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + (p * blocks + b) * PANEL)));
+        } else if (job->scale_kind == SCALE_BLOCK_F16_MIN) {
+            ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + (p * blocks + b) * 2 * PANEL)));
+            wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + (p * blocks + b) * 2 * PANEL + PANEL)));
+            wm = _mm512_fmadd_ps(ws, _mm512_set1_ps(8.0f), wm);
+        }
+        for (int r = 0; r < nr; r++) {
+            const int64_t at = (r0 + r) * blocks + b;
+            const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], _mm512_set1_epi32(job->xsum[at])));
+            facc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(ws, _mm512_set1_ps(job->xs[at])), facc[r]);
+            if (job->scale_kind == SCALE_BLOCK_F16_MIN)
+                facc[r] = _mm512_fmadd_ps(wm, _mm512_set1_ps(job->xfsum[at]), facc[r]);
+        }
+    }
+    const int64_t n0 = p * PANEL;
+    const int valid = job->out - n0 < PANEL ? (int)(job->out - n0) : PANEL;
+    const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
+    __m512 scale = _mm512_set1_ps(1.0f), bias = _mm512_setzero_ps();
+    if (job->scale_kind == SCALE_CHANNEL_F32) scale = _mm512_maskz_loadu_ps(mask, (const float *)job->scales + n0);
+    if (job->bias) bias = _mm512_maskz_loadu_ps(mask, job->bias + n0);
+    for (int r = 0; r < nr; r++)
+        _mm512_mask_storeu_ps(job->y + (r0 + r) * job->out + n0, mask, _mm512_fmadd_ps(facc[r], scale, bias));
+}
+
+static void panel_vnni(const q8_job_t *job, int64_t p, int64_t r0, int64_t nr) {
+    switch (nr) {
+    case 1: panel_vnni_rows(job, p, r0, 1); break;
+    case 2: panel_vnni_rows(job, p, r0, 2); break;
+    case 3: panel_vnni_rows(job, p, r0, 3); break;
+    default: panel_vnni_rows(job, p, r0, 4); break;
+    }
+}
+#endif
+
+
+/* ---- the thread pool: workers 1..n-1 run jobs[1..n-1] while the caller runs jobs[0] ---- */
+
+typedef void *(*job_fn)(void *);
+
+static struct {
+    pthread_mutex_t lock; /* held by the caller that owns the pool for one call */
+    pthread_mutex_t m;
+    pthread_cond_t wake, done;
+    pthread_t threads[MAX_THREADS];
+    int started;   /* workers running */
+    long generation; /* bumped for every call the workers take part in */
+    int active;    /* workers 1..active take part in this generation */
+    int pending;   /* of those, still running */
+    job_fn fn;
+    char *jobs;
+    size_t job_size;
+    pid_t pid; /* the process that started the workers: a forked child has none */
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .m = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
+          .done = PTHREAD_COND_INITIALIZER};
+
+static void *pool_worker(void *arg) {
+    const int index = (int)(intptr_t)arg;
+    long seen = 0;
+    pthread_mutex_lock(&pool.m);
+    for (;;) {
+        while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.m);
+        seen = pool.generation;
+        if (index > pool.active) continue; /* not needed this time */
+        job_fn fn = pool.fn;
+        void *job = pool.jobs + (size_t)index * pool.job_size;
+        pthread_mutex_unlock(&pool.m);
+        fn(job);
+        pthread_mutex_lock(&pool.m);
+        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+/* Run fn(jobs[t]) for t < n, jobs[0] on this thread. Falls back to running every job here when
+ * another call holds the pool or no worker can be started. */
+static void pool_run(job_fn fn, void *jobs, size_t job_size, int n) {
+    char *base = (char *)jobs;
+    if (n <= 1 || pthread_mutex_trylock(&pool.lock) != 0) {
+        for (int t = 0; t < n; t++) fn(base + (size_t)t * job_size);
+        return;
+    }
+    if (pool.pid != getpid()) { /* first use, or a forked child: its parent's workers are not here */
+        pool.started = 0;
+        pool.generation = 0;
+        pool.pid = getpid();
+        pthread_mutex_init(&pool.m, NULL);
+        pthread_cond_init(&pool.wake, NULL);
+        pthread_cond_init(&pool.done, NULL);
+    }
+    while (pool.started < n - 1) {
+        if (pthread_create(&pool.threads[pool.started], NULL, pool_worker, (void *)(intptr_t)(pool.started + 1)))
+            break;
+        pthread_detach(pool.threads[pool.started]);
+        pool.started++;
+    }
+    const int helpers = pool.started < n - 1 ? pool.started : n - 1;
+    pthread_mutex_lock(&pool.m);
+    pool.fn = fn, pool.jobs = base, pool.job_size = job_size;
+    pool.active = helpers, pool.pending = helpers;
+    pool.generation++;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.m);
+    fn(base);
+    for (int t = helpers + 1; t < n; t++) fn(base + (size_t)t * job_size); /* no worker for these */
+    pthread_mutex_lock(&pool.m);
+    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.m);
+    pthread_mutex_unlock(&pool.m);
+    pthread_mutex_unlock(&pool.lock);
+}
+
+static void *q8_panels(void *arg) {
+    const q8_job_t *job = (const q8_job_t *)arg;
+    for (int64_t p = job->first; p < job->last; p++) {
+        for (int64_t r0 = 0; r0 < job->rows; r0 += ROW_TILE) {
+            const int64_t nr = job->rows - r0 < ROW_TILE ? job->rows - r0 : ROW_TILE;
+#if HAVE_VNNI_BUILD
+            if (job->vnni) {
+                panel_vnni(job, p, r0, nr);
+                continue;
+            }
+#endif
+            panel_portable(job, p, r0, nr);
+        }
+    }
+    return NULL;
+}
+
+/* Each row of x (storage type `dtype`, [rows, in]) as int8 per block of 32, zero past `in`. */
+static void quantize_rows(int dtype, const void *x, int64_t rows, int64_t in, int64_t in_pad, int8_t *xq, float *xs,
+                          int32_t *xsum, float *xfsum, float *buf) {
+    const int64_t blocks = in_pad / QBLOCK;
+    for (int64_t r = 0; r < rows; r++) {
+        load_f32(dtype, (const char *)x + r * in * elem_size(dtype), buf, in);
+        for (int64_t k = in; k < in_pad; k++) buf[k] = 0.0f;
+        for (int64_t b = 0; b < blocks; b++) {
+            const float *v = buf + b * QBLOCK;
+            float amax = 0.0f, fsum = 0.0f;
+            for (int k = 0; k < QBLOCK; k++) amax = fmaxf(amax, fabsf(v[k])), fsum += v[k];
+            const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int32_t sum = 0;
+            int8_t *q = xq + r * in_pad + b * QBLOCK;
+            for (int k = 0; k < QBLOCK; k++) {
+                q[k] = (int8_t)lrintf(v[k] * inv);
+                sum += q[k];
+            }
+            xs[r * blocks + b] = scale;
+            xsum[r * blocks + b] = 128 * sum;
+            xfsum[r * blocks + b] = fsum;
+        }
+    }
+}
+
+int q8_linear(int dtype, const void *x, const uint8_t *w, const void *scales, int scale_kind, const float *bias,
+              void *y, int64_t rows, int64_t in, int64_t in_pad, int64_t out, int64_t num_threads, int use_vnni) {
+    if (in_pad % QBLOCK != 0 || in_pad < in) return -2;
+    const int64_t blocks = in_pad / QBLOCK, panels = (out + PANEL - 1) / PANEL;
+    int8_t *xq = malloc((size_t)(rows * in_pad));
+    float *xs = malloc((size_t)(rows * blocks) * sizeof(float));
+    int32_t *xsum = malloc((size_t)(rows * blocks) * sizeof(int32_t));
+    float *xfsum = malloc((size_t)(rows * blocks) * sizeof(float));
+    float *buf = malloc((size_t)in_pad * sizeof(float));
+    float *yf = malloc((size_t)(rows * out) * sizeof(float));
+    if (!xq || !xs || !xsum || !xfsum || !buf || !yf) {
+        free(xq), free(xs), free(xsum), free(xfsum), free(buf), free(yf);
+        return -1;
+    }
+    quantize_rows(dtype, x, rows, in, in_pad, xq, xs, xsum, xfsum, buf);
+    const int vnni = use_vnni && q8_has_vnni();
+    if (num_threads < 1) num_threads = 1;
+    if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
+    if (num_threads > panels) num_threads = panels;
+    q8_job_t jobs[MAX_THREADS];
+    const int64_t per = (panels + num_threads - 1) / num_threads;
+    for (int64_t t = 0; t < num_threads; t++) {
+        const int64_t first = t * per < panels ? t * per : panels;
+        const int64_t last = first + per < panels ? first + per : panels;
+        jobs[t] = (q8_job_t){xq, xs, xsum, xfsum, w, scales, bias, yf, rows, in_pad, out, first, last, scale_kind,
+                             vnni};
+    }
+    pool_run(q8_panels, jobs, sizeof jobs[0], (int)num_threads);
+    store_f32(dtype, yf, y, rows * out);
+    free(xq), free(xs), free(xsum), free(xfsum), free(buf), free(yf);
+    return 0;
+}
