@@ -222,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="print a model's auto-completed config as config.pbtxt")
     config.add_argument("model_dir", type=Path)
     config.add_argument("--model-config-name", default=None)
+    node = sub.add_parser("llm-node", help="run this machine's ranks of a multi-node LLM (docs/llm.md)")
+    node.add_argument("--master-addr", required=True, help="where rank 0 (the naiad serving the model) listens")
+    node.add_argument("--master-port", type=int, default=29500, help="the model's master_port parameter")
+    node.add_argument("--nnodes", type=int, required=True, help="machines in all, this one included")
+    node.add_argument("--node-rank", type=int, required=True, help="1 .. nnodes-1 (node 0 serves the model)")
+    node.add_argument("--once", action="store_true", help="exit after one engine instead of waiting for the next")
     return parser
 
 
@@ -353,7 +359,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "config":
         return _print_config(args)
+    if args.command == "llm-node":
+        return _llm_node(args, parser)
     return _serve(args, options_from_args(args, parser))
+
+
+def _llm_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from multiprocessing import AuthenticationError
+
+    from naiad.llm.nodes import Cluster, serve_node
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return serve_node(Cluster(args.nnodes, args.master_addr, args.master_port), args.node_rank, once=args.once)
+    except ValueError as error:
+        parser.error(str(error))
+    except AuthenticationError:
+        parser.exit(1, f"naiad llm-node: {args.master_addr}:{args.master_port} refused this node's "
+                       "$NAIAD_CLUSTER_KEY\n")
+    except KeyboardInterrupt:
+        return 130
 
 
 def build_tritonserver_parser() -> argparse.ArgumentParser:

@@ -88,7 +88,7 @@ def test_a_killed_worker_fails_the_stream_and_the_model_is_not_ready(server: Ser
     rest = response.read().decode()
     connection.close()
     errors = [json.loads(line.removeprefix("data: "))["error"] for line in rest.splitlines() if '"error"' in line]
-    assert errors and "tensor-parallel worker 1" in errors[0] and "reloaded" in errors[0], rest
+    assert errors and "tensor-parallel worker 1" in errors[0] and "must be restarted" in errors[0], rest
     # The engine core exits once it has failed the requests: then the model is not ready.
     deadline = time.monotonic() + 30
     while server.get("/v2/models/tp2/ready") == 200 and time.monotonic() < deadline:

@@ -159,6 +159,8 @@ ENGINE_PARAMETERS: dict[str, type] = {
     "dtype": str, "device": str, "block_size": int, "kv_cache_memory": int, "kv_cache_fraction": float,
     "max_num_seqs": int, "max_num_batched_tokens": int, "max_model_len": int, "enable_prefix_caching": bool,
     "enforce_eager": bool, "quantization": str, "tensor_parallel_size": int, "pipeline_parallel_size": int,
+    "pipeline_micro_batches": int, "distributed_executor_backend": str, "nnodes": int, "master_addr": str,
+    "master_port": int,
 }
 
 

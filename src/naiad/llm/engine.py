@@ -11,16 +11,21 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from naiad.errors import InvalidArgument
 from naiad.llm.block_manager import BlockManager
 from naiad.llm.loader import read_args, read_eos_token_ids
 from naiad.llm.model_runner import ModelRunner, RunnerConfig
-from naiad.llm.parallel import check_devices, check_no_group, check_shardable, destroy_group
+from naiad.llm.nodes import Cluster
+from naiad.llm.parallel import check_devices, check_no_group, check_shardable, check_stages, destroy_group
 from naiad.llm.sampling_params import SamplingParams
 from naiad.llm.scheduler import Scheduler, SchedulerConfig
 from naiad.llm.sequence import Sequence
 from naiad.llm.workers import WorkerGroup
+
+if TYPE_CHECKING:
+    from naiad.llm.ray_workers import RayWorkerGroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +39,10 @@ class EngineConfig:
 
     `tensor_parallel_size` N > 1 splits the model over N processes (this one and N - 1 workers,
     `naiad.llm.workers`); the KV cache memory is then per rank, each holding its kv heads.
+    `pipeline_parallel_size` P > 1 splits the decoder layers into P stages, each a process (or a
+    tensor-parallel group of them: N x P processes in all, `naiad.llm.pipeline`); each stage's KV
+    cache holds its layers. `pipeline_micro_batches` caps the micro-batches a step is cut into
+    (None: P; 1 turns micro-batching off).
     """
 
     model: str | Path
@@ -47,8 +56,18 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # on CUDA: no CUDA graphs for decode steps
-    quantization: str = "none"  # "int8": weight-only INT8 linears (naiad.llm.quantization)
+    quantization: str = "none"  # "int8" or "gguf" (naiad.llm.quantization)
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    pipeline_micro_batches: int | None = None
+    #: "mp": ranks are processes this engine starts (on other nodes: `naiad llm-node` agents);
+    #: "ray": Ray actors in a placement group (naiad.llm.ray_workers; needs the `ray` extra)
+    distributed_executor_backend: str = "mp"
+    #: Multi-node ("mp"): the ranks split evenly over `nnodes` machines meeting at rank 0's
+    #: `master_addr`:`master_port` (naiad.llm.nodes); every node shares $NAIAD_CLUSTER_KEY.
+    nnodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
 
     def runner_config(self) -> RunnerConfig:
         # The runner's settings are a subset of the engine's, by the same names.
@@ -60,8 +79,22 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.workers: WorkerGroup | None = None
-        self.runner = self._start_runner() if config.tensor_parallel_size > 1 else ModelRunner(config.runner_config())
+        self.workers: WorkerGroup | RayWorkerGroup | None = None
+        parallel = config.tensor_parallel_size * config.pipeline_parallel_size
+        if config.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {config.tensor_parallel_size}")
+        if config.pipeline_parallel_size != 1:  # before starting any process
+            check_stages(read_args(config.model).num_layers, config.pipeline_parallel_size)
+        if config.pipeline_micro_batches is not None and config.pipeline_micro_batches < 1:
+            raise ValueError(f"pipeline_micro_batches must be at least 1, got {config.pipeline_micro_batches}")
+        if config.distributed_executor_backend not in ("mp", "ray"):
+            raise ValueError(f"distributed_executor_backend must be mp or ray, got "
+                             f"{config.distributed_executor_backend!r}")
+        cluster = Cluster(config.nnodes, config.master_addr, config.master_port)
+        cluster.check(parallel)
+        if cluster.active and config.distributed_executor_backend == "ray":
+            raise ValueError("nnodes applies to the mp backend; Ray places the ranks on its own nodes")
+        self.runner = self._start_runner() if parallel > 1 else ModelRunner(config.runner_config())
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -74,11 +107,25 @@ class LLMEngine:
 
     def _start_runner(self) -> ModelRunner:
         """Rank 0's runner, with the workers started and in the group; all stopped if one fails."""
-        size = self.config.tensor_parallel_size
-        check_shardable(read_args(self.config.model), size)  # before starting any process
-        check_devices(self.config.device, size)
+        tp, pp = self.config.tensor_parallel_size, self.config.pipeline_parallel_size
+        config = self.config
+        check_shardable(read_args(config.model), tp)  # before starting any process
+        cluster = Cluster(config.nnodes, config.master_addr, config.master_port)
+        if config.distributed_executor_backend == "ray":
+            pass  # the GPUs may be on other nodes: Ray's placement group checks them
+        elif pp == 1 and not cluster.active:
+            check_devices(config.device, tp)
+        else:
+            check_devices(config.device, cluster.ranks_per_node(tp * pp), "the ranks on this node:")
         check_no_group()  # another engine's group: failing later would tear it down
-        self.workers = workers = WorkerGroup(self.config.runner_config(), size)
+        workers: WorkerGroup | RayWorkerGroup
+        if config.distributed_executor_backend == "ray":
+            from naiad.llm.ray_workers import RayWorkerGroup  # Ray only when asked for
+
+            workers = RayWorkerGroup(config.runner_config(), tp, pp)
+        else:
+            workers = WorkerGroup(config.runner_config(), tp, pp, cluster)
+        self.workers = workers
         try:
             runner = ModelRunner(self.config.runner_config(), workers.join(self.config.device),
                                  workers.send_step)
@@ -93,7 +140,7 @@ class LLMEngine:
         return runner
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers and leave the process group (nothing to do on one process)."""
+        """Stop the parallel workers and leave the process group (nothing to do on one process)."""
         if self.workers is not None:
             self.workers.close()
             self.workers = None

@@ -9,6 +9,8 @@ Under tensor parallelism every rank has a runner over its shard of the model and
 cache (its kv heads, the same block count on every rank). Rank 0's runner turns each step into
 a `StepPlan`, hands it to `send_step` (the workers' channel, `naiad.llm.workers`) and runs the
 same forward; the workers' runners run `forward_plan` on what they receive. Only rank 0 samples.
+Under pipeline parallelism each stage's runner holds its layers and their KV cache, and
+`forward_plan` runs the stage's share of the step in micro-batches (`naiad.llm.pipeline`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from naiad.llm import pipeline
 from naiad.llm.attention import AttentionMetadata, allocate_kv_caches
 from naiad.llm.block_manager import num_blocks_for
 from naiad.llm.cpu_linear import can_prepack, prepack_linears
@@ -27,7 +30,7 @@ from naiad.llm.cuda_graphs import DecodeGraphs
 from naiad.llm.kernels import triton_attention
 from naiad.llm.loader import load_model
 from naiad.llm.parallel import TensorParallel
-from naiad.llm.quantization import quantize_linears
+from naiad.llm.quantization import quantize_linears, weight_bytes
 from naiad.llm.sampler import SamplingBatch, logprobs, sample
 from naiad.llm.scheduler import SchedulerOutput
 from naiad.llm.sequence import Sequence, TokenLogprobs
@@ -50,8 +53,11 @@ class RunnerConfig:
     #: on CUDA, replay decode steps of up to `max_num_seqs` rows from CUDA graphs unless this is set
     enforce_eager: bool = False
     max_num_seqs: int = 256
-    #: "int8": weight-only INT8 linears with per-channel scales, quantized at load (quantization.py)
+    #: "int8": INT8 linears quantized at load; "gguf": a GGUF file's Q8_0 / Q4 blocks kept (quantization.py)
     quantization: str = "none"
+    #: under pipeline parallelism, at most this many micro-batches a step (None: one per stage;
+    #: 1 turns micro-batching off, to measure what it brings)
+    pipeline_micro_batches: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,30 +125,32 @@ class ModelRunner:
         self.tp = tp = tp or TensorParallel.single()
         self.send_step = send_step  # rank 0 of a tensor-parallel group: sends each step to the workers
         self.device = torch.device(config.device)
-        self.model = load_model(config.model, config.dtype, self.device, tp)
+        self.model = load_model(config.model, config.dtype, self.device, tp, config.quantization)
         self.args = self.model.args
-        self.dtype = self.model.model.embed_tokens.weight.dtype
+        self.dtype = self.model.dtype
         if config.quantization != "none":
             quantize_linears(self.model, config.quantization)
         elif can_prepack(self.dtype, self.device):
             prepack_linears(self.model)
         self.block_size = config.block_size
         self.kv_cache_memory = kv_cache_budget(config, self.device)
-        # This rank's kv heads; every rank must have the same blocks (the block tables are shared).
+        # This rank's kv heads of its stage's layers; every rank of every stage must have the same
+        # blocks (the block tables are shared).
         num_kv_heads = self.args.num_kv_heads // tp.size
+        num_layers = len(self.model.model.layers)
         self.num_blocks = tp.min_int(
-            num_blocks_for(self.kv_cache_memory, config.block_size, self.args.num_layers, num_kv_heads,
+            num_blocks_for(self.kv_cache_memory, config.block_size, num_layers, num_kv_heads,
                            self.args.head_dim, self.dtype.itemsize),
             self.device,
         )
         if self.num_blocks < 1:
             raise ValueError(f"the KV cache's {self.kv_cache_memory} bytes do not hold one KV block")
-        # Not under tensor parallelism: the workers would have to replay the same graphs.
+        # Not under tensor or pipeline parallelism: the workers would have to replay the same graphs.
         use_graphs = (self.device.type == "cuda" and not config.enforce_eager and not tp.active
-                      and triton_attention.triton is not None)
+                      and not tp.pipeline.active and triton_attention.triton is not None)
         # The graphs' padded rows need a block of their own, past those the block manager owns.
         self.kv_caches = allocate_kv_caches(
-            self.args.num_layers,
+            num_layers,
             self.num_blocks + 1 if use_graphs else self.num_blocks,
             config.block_size,
             num_kv_heads,
@@ -157,6 +165,10 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.kv_caches, config.max_num_seqs,
                                        -(-max_len // config.block_size), config.block_size, self.num_blocks,
                                        self.device)
+
+    def weight_bytes(self) -> int:
+        """The bytes of the model's tensors in this process (a tied tensor once)."""
+        return weight_bytes(self.model)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> tuple[list[int], list[TokenLogprobs | None] | None]:
@@ -208,6 +220,8 @@ class ModelRunner:
 
     def forward_plan(self, plan: StepPlan) -> torch.Tensor | None:
         """The model's forward over one step (K/V written to the cache); logits on rank 0 only."""
+        if self.tp.pipeline.active:
+            return pipeline.forward_stage(self, plan)
         inputs = self.inputs(plan)
         return self.model(inputs.token_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
 

@@ -17,6 +17,12 @@ forward), so that the swaps after load (`cpu_linear.prepack_linears`, `quantizat
 them unchanged. `TensorParallel.single()` is the one-process case: every collective is a no-op.
 Collectives go through torch.distributed (gloo on the CPU, NCCL on CUDA): one process group per
 process, so one tensor-parallel engine per process.
+
+Under pipeline parallelism (`naiad.llm.pipeline`) the world is `tp x pp` ranks, stage-major (rank
+`stage * tp + tp_rank`); each stage's ranks are one tensor-parallel group of their own
+(`torch.distributed.new_group`), and `TensorParallel.pipeline` says which stage this process is.
+The stage travels inside `TensorParallel` so that the loader, which builds the model from it,
+builds only the stage's layers.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -39,11 +45,70 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 
 
 @dataclass(frozen=True, slots=True)
+class PipelineParallel:
+    """This process's pipeline stage: `stage` of `size`, each stage `tp_size` ranks wide."""
+
+    stage: int = 0
+    size: int = 1
+    tp_size: int = 1
+
+    @property
+    def active(self) -> bool:
+        return self.size > 1
+
+    @property
+    def first(self) -> bool:
+        """Stage 0 holds the embedding (and rank 0, the engine, which samples)."""
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        """The last stage holds the final norm and the LM head."""
+        return self.stage == self.size - 1
+
+    def rank_of(self, stage: int, tp_rank: int) -> int:
+        """The global rank of tensor-parallel rank `tp_rank` of `stage`."""
+        return stage * self.tp_size + tp_rank
+
+    def layers(self, num_layers: int) -> range:
+        """The decoder layers this stage holds."""
+        return stage_layers(num_layers, self.size)[self.stage]
+
+
+def stage_layers(num_layers: int, size: int) -> list[range]:
+    """`num_layers` split into `size` contiguous ranges as even as possible (the first stages take
+    the one extra layer: the last one also runs the final norm and the LM head)."""
+    check_stages(num_layers, size)
+    base, extra = divmod(num_layers, size)
+    ranges, start = [], 0
+    for stage in range(size):
+        end = start + base + (stage < extra)
+        ranges.append(range(start, end))
+        start = end
+    return ranges
+
+
+def check_stages(num_layers: int, size: int) -> None:
+    """Raise ValueError when the model's layers cannot make `size` stages of at least one layer."""
+    if size < 1:
+        raise ValueError(f"pipeline_parallel_size must be at least 1, got {size}")
+    if size > num_layers:
+        raise ValueError(
+            f"pipeline_parallel_size {size} exceeds the model's {num_layers} decoder layers: "
+            f"every stage needs at least one layer (choose at most {num_layers})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class TensorParallel:
-    """This process's place in the tensor-parallel group: rank `rank` of `size`."""
+    """This process's place in the tensor-parallel group: rank `rank` of `size`; under pipeline
+    parallelism, of its stage's group (`group`, whose rank 0 is global rank `root`)."""
 
     rank: int = 0
     size: int = 1
+    group: Any = None  # a torch.distributed ProcessGroup; None: the whole world
+    root: int = 0
+    pipeline: PipelineParallel = PipelineParallel()
 
     @classmethod
     def single(cls) -> TensorParallel:
@@ -78,7 +143,7 @@ class TensorParallel:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of the ranks' partial results (row-parallel linears, the vocab-parallel lookup)."""
         if self.active:
-            dist.all_reduce(x)
+            dist.all_reduce(x, group=self.group)
         return x
 
     def embed(self, weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -92,19 +157,20 @@ class TensorParallel:
         return self.all_reduce(local)
 
     def gather_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
-        """The full logits on rank 0 (None elsewhere) from every rank's vocabulary columns."""
+        """The full logits on the group's rank 0 (None elsewhere) from every rank's vocabulary columns."""
         if not self.active:
             return logits
         logits = logits.contiguous()
         parts = [torch.empty_like(logits) for _ in range(self.size)] if self.rank == 0 else None
-        dist.gather(logits, parts, dst=0)
+        dist.gather(logits, parts, dst=self.root, group=self.group)
         if parts is None:
             return None
         return torch.cat(parts, dim=-1)[..., :vocab_size]
 
     def min_int(self, value: int, device: torch.device) -> int:
-        """The smallest of the ranks' `value`s (the KV block count all ranks can hold)."""
-        if not self.active:
+        """The smallest of all ranks' `value`s, every stage's included (the KV block count all ranks
+        can hold: the scheduler's block tables are the same on every rank)."""
+        if not (self.active or self.pipeline.active):
             return value
         # gloo reduces CPU tensors, NCCL device tensors.
         tensor = torch.tensor([value], dtype=torch.long, device=device if device.type == "cuda" else "cpu")
@@ -137,14 +203,14 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{(parsed.index or 0) + rank}"
 
 
-def check_devices(device: str, size: int) -> None:
+def check_devices(device: str, size: int, what: str = "tensor_parallel_size") -> None:
     """Raise ValueError when a CUDA group would need GPUs that torch does not see."""
     parsed = torch.device(device)
     if parsed.type == "cuda":
         last = (parsed.index or 0) + size - 1
         if last >= torch.cuda.device_count():
             raise ValueError(
-                f"tensor_parallel_size {size} on {device} needs GPUs up to cuda:{last}, "
+                f"{what} {size} on {device} needs GPUs up to cuda:{last}, "
                 f"and torch sees {torch.cuda.device_count()}"
             )
 
@@ -165,16 +231,39 @@ def free_loopback_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def init_group(rank: int, size: int, port: int, device: torch.device) -> TensorParallel:
-    """Join the group (blocks until every rank has): gloo on the CPU, NCCL on CUDA."""
+def init_group(
+    rank: int, size: int, port: int, device: torch.device, tp_size: int | None = None, host: str = "127.0.0.1"
+) -> TensorParallel:
+    """Join the group of `size` ranks (blocks until every rank has): gloo on the CPU, NCCL on CUDA.
+    They meet at rank 0's `host`:`port` (another address than loopback when ranks run on other
+    nodes, `naiad.llm.nodes`).
+
+    With `tp_size` < `size`, the ranks make `size // tp_size` pipeline stages of `tp_size` ranks,
+    each stage its own tensor-parallel group."""
     check_no_group()
+    tp_size = tp_size or size
+    if size % tp_size:
+        raise ValueError(f"{size} ranks do not make stages of {tp_size}")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT
+        backend, init_method=f"tcp://{_url_host(host)}:{port}", rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT
     )
-    return TensorParallel(rank, size)
+    stage, tp_rank = divmod(rank, tp_size)
+    pipeline = PipelineParallel(stage, size // tp_size, tp_size)
+    group = None
+    if pipeline.active and tp_size > 1:
+        # new_group must be called by every process for every group, in the same order.
+        for other in range(pipeline.size):
+            stage_group = dist.new_group([pipeline.rank_of(other, r) for r in range(tp_size)])
+            if other == stage:
+                group = stage_group
+    return TensorParallel(tp_rank, tp_size, group, pipeline.rank_of(stage, 0), pipeline)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
 
 
 def destroy_group() -> None:

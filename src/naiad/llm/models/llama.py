@@ -12,6 +12,10 @@ two); `load_weights` slices Hugging Face's separate tensors into them.
 
 Under tensor parallelism (`naiad.llm.parallel`) each rank builds the model with its share of the
 heads, MLP columns and vocabulary, and `load_weights` copies only that share of each tensor.
+Under pipeline parallelism (`naiad.llm.pipeline`) each stage builds only its decoder layers
+(numbered from 0 in `layers`, the checkpoint's `layer_range`), stage 0 the embedding and the last
+stage the final norm and LM head; `load_weights` skips the other stages' tensors, and the forward
+splits into `LlamaModel.embed`, `LlamaModel.run_layers` and `LlamaForCausalLM.compute_logits`.
 """
 
 from __future__ import annotations
@@ -291,19 +295,39 @@ class LlamaModel(nn.Module):
     def __init__(self, args: LlamaArgs, tp: TensorParallel) -> None:
         super().__init__()
         self.tp, self.vocab_size = tp, args.vocab_size
+        stage = tp.pipeline
+        # The checkpoint's layers this pipeline stage holds (all of them on one stage).
+        self.layer_range = stage.layers(args.num_layers)
         # Vocab-parallel: this rank's rows of the vocabulary (all of them on one rank).
-        self.embed_tokens = nn.Embedding(tp.padded_vocab(args.vocab_size), args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args, tp) for _ in range(args.num_layers))
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.embed_tokens: nn.Embedding | None = (
+            nn.Embedding(tp.padded_vocab(args.vocab_size), args.hidden_size) if stage.first else None
+        )
+        self.layers = nn.ModuleList(DecoderLayer(args, tp) for _ in self.layer_range)
+        self.norm: RMSNorm | None = RMSNorm(args.hidden_size, args.rms_norm_eps) if stage.last else None
         self.rotary = RotaryEmbedding(args)
 
     def forward(
         self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's output as (MLP output, residual stream): their sum, before the final norm."""
-        x = self.tp.embed(self.embed_tokens.weight, token_ids, self.vocab_size)
+        return self.run_layers(self.embed(token_ids), None, positions, meta, kv_caches)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The first stage's input to its layers."""
+        assert self.embed_tokens is not None, "only the first pipeline stage embeds"
+        return self.tp.embed(self.embed_tokens.weight, token_ids, self.vocab_size)
+
+    def run_layers(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This stage's layers over `x + residual` (`x` alone on the first stage); returns the pair
+        the next stage (or the final norm) takes."""
         rope = self.rotary(positions, x.dtype)
-        residual = None
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, rope, meta, cache)
         assert residual is not None, "a model without layers"
@@ -329,15 +353,23 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp = tp or TensorParallel.single()
         self.model = LlamaModel(args, tp)
         # Vocab-parallel: this rank's vocabulary columns of the logits, gathered on rank 0.
-        self.lm_head = nn.Linear(args.hidden_size, tp.padded_vocab(args.vocab_size), bias=False)
+        self.lm_head: nn.Linear | None = (
+            nn.Linear(args.hidden_size, tp.padded_vocab(args.vocab_size), bias=False) if tp.pipeline.last else None
+        )
         self.tie_weights()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (a norm's weight: never quantized, on every stage)."""
+        return self.model.layers[0].input_layernorm.weight.dtype
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head when the config ties them.
 
-        Again after `to_empty`, which gives each module its own new tensor.
+        Again after `to_empty`, which gives each module its own new tensor. Under pipeline
+        parallelism the last stage's LM head is its own copy, loaded from the embedding's tensor.
         """
-        if self.args.tie_word_embeddings:
+        if self.args.tie_word_embeddings and self.lm_head is not None and self.model.embed_tokens is not None:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
@@ -355,6 +387,14 @@ class LlamaForCausalLM(nn.Module):
         and the final norm and LM head run on those rows alone.
         """
         hidden, residual = self.model(token_ids, positions, meta, kv_caches)
+        return self.compute_logits(hidden, residual, logits_indices)
+
+    def compute_logits(
+        self, hidden: torch.Tensor, residual: torch.Tensor, logits_indices: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The last stage's logits at `logits_indices` from its layers' output, gathered on the
+        stage's first tensor-parallel rank (None on the others)."""
+        assert self.model.norm is not None and self.lm_head is not None, "only the last pipeline stage has the head"
         normed, _ = self.model.norm.add_forward(hidden[logits_indices], residual[logits_indices])
         return self.tp.gather_logits(self.lm_head(normed), self.args.vocab_size)
 
@@ -368,7 +408,10 @@ class LlamaForCausalLM(nn.Module):
                 self.args.tie_word_embeddings and hf_name == "lm_head.weight"
             ):
                 continue  # computed here, or the same tensor as the embedding
-            name, part = self._locate(hf_name)
+            stage_name = self._stage_name(hf_name)
+            if stage_name is None:
+                continue  # another pipeline stage's
+            name, part = self._locate(stage_name)
             if name not in params:
                 raise ValueError(f"unexpected weight {hf_name!r} for a {self.args.model_type} model")
             dest = self._part(name, params[name].data, part)
@@ -380,6 +423,26 @@ class LlamaForCausalLM(nn.Module):
         missing = sorted(name for name, parts in loaded.items() if len(parts) != expected[name])
         if missing:
             raise ValueError(f"the checkpoint lacks weights for {', '.join(missing)}")
+
+    def _stage_name(self, hf_name: str) -> str | None:
+        """The name of the parameter `hf_name` fills on this pipeline stage (its layers numbered
+        from the stage's first), or None when another stage holds it."""
+        if hf_name.startswith("model.layers."):
+            index, rest = hf_name[len("model.layers."):].split(".", 1)
+            layers = self.model.layer_range
+            if index.isdigit() and int(index) < self.args.num_layers:
+                return f"model.layers.{int(index) - layers.start}.{rest}" if int(index) in layers else None
+            return hf_name  # not a layer of this model: load_weights says so
+        if hf_name == "model.embed_tokens.weight":
+            if self.model.embed_tokens is not None:
+                return hf_name
+            # Tied: the last stage's own LM head is the embedding's matrix.
+            return "lm_head.weight" if self.args.tie_word_embeddings and self.lm_head is not None else None
+        if hf_name == "model.norm.weight":
+            return hf_name if self.model.norm is not None else None
+        if hf_name == "lm_head.weight":
+            return hf_name if self.lm_head is not None else None
+        return hf_name
 
     @staticmethod
     def _locate(hf_name: str) -> tuple[str, int]:
