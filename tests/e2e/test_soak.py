@@ -19,8 +19,13 @@ def test_a_minute_of_mixed_traffic_with_reloads_and_killed_model_processes(examp
                                                                            tmp_path: Path) -> None:
     from conftest import running_server
 
+    # bench/ on the path only for this import: left there, its modules (bench/llm.py) would shadow
+    # the test packages of the same name (tests/llm) for the rest of the session.
     sys.path.insert(0, str(ROOT / "bench"))
-    import soak
+    try:
+        import soak
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
 
     with running_server(soak.server_args(llm=True), tmp_path / "naiad.log") as server:
         result = soak.run(server, seconds=60, reload_every=15, kill_every=20, llm=True)
