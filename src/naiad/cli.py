@@ -226,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--master-addr", required=True, help="where rank 0 (the naiad serving the model) listens")
     node.add_argument("--master-port", type=int, default=29500, help="the model's master_port parameter")
     node.add_argument("--nnodes", type=int, required=True, help="machines in all, this one included")
-    node.add_argument("--node-rank", type=int, required=True, help="1 .. nnodes-1 (node 0 serves the model)")
+    node.add_argument("--node-rank", type=int, default=0,
+                      help="1 .. nnodes-1 (node 0 serves the model); 0 (default): the next free one")
     node.add_argument("--once", action="store_true", help="exit after one engine instead of waiting for the next")
     return parser
 
@@ -380,6 +381,8 @@ def _llm_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except AuthenticationError:
         parser.exit(1, f"naiad llm-node: {args.master_addr}:{args.master_port} refused this node's "
                        "$NAIAD_CLUSTER_KEY\n")
+    except RuntimeError as error:  # rank 0 has no place for this node
+        parser.exit(1, f"naiad llm-node: {error}\n")
     except KeyboardInterrupt:
         return 130
 

@@ -71,3 +71,21 @@ def test_llm_metrics_count_tokens_and_time_them() -> None:
     assert rows["nv_llm_prefix_cache_hit_rate"].value == 0.25
     assert rows["nv_llm_preemptions"].value == 3 and rows["nv_llm_preemptions"].kind == "counter"
     assert all(row.labels == (("instance", "llm_0"),) for row in rows.values())
+
+
+
+def test_placement_comes_from_the_backend_config_when_the_model_config_is_silent(tmp_path) -> None:
+    # A KServe multi-node runtime passes these (--backend-config=llm,...); the model's config wins.
+    config = mc.ModelConfig(name="m", backend="llm")
+    config.parameters["model"].string_value = "weights"
+    config.parameters["pipeline_parallel_size"].string_value = "1"
+    backend_config = {"nnodes": "2", "master_addr": "llama-head.serving.svc.cluster.local",
+                      "pipeline_parallel_size": "2", "dtype": "fp16"}  # dtype: not a placement setting
+    LLMModel.auto_complete(config, tmp_path, {"backend_config": backend_config})
+    engine = LLMModel(config, tmp_path, 1).engine_config()
+    assert (engine.nnodes, engine.master_addr) == (2, "llama-head.serving.svc.cluster.local")
+    assert (engine.pipeline_parallel_size, engine.tensor_parallel_size, engine.dtype) == (1, 1, "auto")
+    assert "dtype" not in config.parameters
+    LLMModel.auto_complete(config, tmp_path, {"backend_config": {"master_port": "twelve"}})
+    with pytest.raises(InvalidArgument, match=r"master_port.*must be an integer"):
+        LLMModel(config, tmp_path, 1).engine_config()

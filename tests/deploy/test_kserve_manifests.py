@@ -56,7 +56,8 @@ def test_manifests_pass_their_schemas(path: Path) -> None:
     for obj in load_manifests(path):
         if obj["kind"] in KSERVE_KINDS:
             assert _errors(obj) == []
-            for container in obj["spec"].get("containers", []):
+            workers = obj["spec"].get("workerSpec", {}).get("containers", [])
+            for container in [*obj["spec"].get("containers", []), *workers]:
                 validate_container(container)  # strict: an unknown container field fails
         else:
             validate_core(obj)
@@ -161,3 +162,42 @@ def test_dockerfile_gives_the_manifests_what_they_expect() -> None:
     assert scripts["tritonserver"] == "naiad.cli:tritonserver_main"
     for runtime in RUNTIMES.values():
         assert container_command(runtime["spec"]["containers"][0])[0] == ["tritonserver"]
+
+
+# What KServe sets in a multi-node runtime's containers from the InferenceService's workerSpec,
+# and what Kubernetes then expands in their args ($(VAR)).
+KSERVE_MULTINODE_ENV = {"ISVC_NAME": "naiad-llm-multinode", "POD_NAMESPACE": "serving", "POD_IP": "10.1.2.3",
+                        "PIPELINE_PARALLEL_SIZE": "2", "TENSOR_PARALLEL_SIZE": "1"}
+
+
+def _expanded(args: list[str], env: dict[str, str]) -> list[str]:
+    """Kubernetes' $(VAR) expansion of container args (an unknown variable stays as written)."""
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg) for arg in args]
+
+
+def test_multinode_runtime_gives_the_head_its_placement_and_the_workers_their_agent() -> None:
+    from naiad import cli
+    from naiad.backends.llm import PLACEMENT_SETTINGS
+
+    spec = RUNTIMES["naiad-llm-multinode"]["spec"]
+    head, (worker,) = spec["containers"][0], spec["workerSpec"]["containers"]
+    command, args = container_command(head)
+    parsed = parse_server_command(command, _expanded(args, KSERVE_MULTINODE_ENV))
+    settings = dict(item.split(",", 1)[1].split("=", 1) for item in parsed.backend_config)
+    assert set(settings) <= set(PLACEMENT_SETTINGS)  # auto-complete fills exactly these
+    assert settings["nnodes"] == settings["pipeline_parallel_size"] == "2"
+    assert settings["master_addr"] == "10.1.2.3" and settings["tensor_parallel_size"] == "1"
+    # The workers' agent, through naiad's real parser: the head's Service, the same port, no
+    # node rank (rank 0 hands them out: the pods of a Deployment have no ordinal).
+    command, args = container_command(worker)
+    assert command == ["naiad"]
+    agent = cli.build_parser().parse_args(_expanded(args, KSERVE_MULTINODE_ENV))
+    assert agent.command == "llm-node" and agent.node_rank == 0 and agent.nnodes == 2
+    assert agent.master_addr == "naiad-llm-multinode-head.serving.svc.cluster.local"
+    assert str(agent.master_port) == settings["master_port"]
+    # Both sides share the cluster key from one Secret.
+    for container in (head, worker):
+        (key,) = [env for env in container["env"] if env["name"] == "NAIAD_CLUSTER_KEY"]
+        assert key["valueFrom"]["secretKeyRef"] == {"name": "naiad-cluster-key", "key": "key"}
+    (service,) = [svc for svc in SERVICES if svc["spec"]["predictor"]["model"]["runtime"] == "naiad-llm-multinode"]
+    assert service["spec"]["predictor"]["workerSpec"]["pipelineParallelSize"] == 2

@@ -45,12 +45,14 @@ def key(monkeypatch: pytest.MonkeyPatch) -> str:
     return KEY
 
 
-def _agent(port: int, node_rank: int = 1, secret: str = KEY) -> subprocess.Popen[bytes]:
-    """Node 1's agent, as an operator starts it on the other machine."""
+def _agent(port: int, node_rank: int | None = 1, secret: str = KEY) -> subprocess.Popen[bytes]:
+    """A node's agent, as an operator starts it on the other machine (no node rank: the next free
+    one, as the pods of a Kubernetes Deployment start it)."""
     env = {**os.environ, KEY_ENV: secret}
+    rank = [] if node_rank is None else ["--node-rank", str(node_rank)]
     return subprocess.Popen(
         [sys.executable, "-m", "naiad.cli", "llm-node", "--master-addr", "127.0.0.1", "--master-port", str(port),
-         "--nnodes", "2", "--node-rank", str(node_rank), "--once"],
+         "--nnodes", "2", *rank, "--once"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
 
@@ -80,7 +82,7 @@ def _free(port: int) -> bool:
 @pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tensor-across-nodes", "stage-per-node"])
 def test_two_nodes_match_one_process(tiny_models: dict[str, Path], key: str, port: int, tp: int, pp: int) -> None:
     expected = run_staggered(LLMEngine(_config(tiny_models["llama"])))
-    agent = _agent(port)
+    agent = _agent(port, node_rank=1 if tp == 2 else None)  # the pipeline case takes the free node
     engine = LLMEngine(_config(tiny_models["llama"], port, nnodes=2, tensor_parallel_size=tp,
                                pipeline_parallel_size=pp))
     try:
@@ -159,3 +161,23 @@ def test_the_agent_refuses_a_bad_node_rank(port: int) -> None:
     agent = _agent(port, node_rank=2)
     out, _ = agent.communicate(timeout=60)
     assert agent.returncode == 2 and b"node rank must be in 1..1" in out
+
+
+def test_a_second_agent_for_the_same_node_is_turned_away(tiny_models: dict[str, Path], key: str, port: int) -> None:
+    agents = [_agent(port), _agent(port, node_rank=None)]  # node 1, and "any" when none is left
+    engine = LLMEngine(_config(tiny_models["llama"], port, nnodes=2, tensor_parallel_size=2))
+    try:
+        assert engine.workers is not None and len(engine.workers.workers) == 1
+        refused = []
+        deadline = time.monotonic() + 60
+        while not refused and time.monotonic() < deadline:
+            refused = [agent for agent in agents if agent.poll() is not None]
+            time.sleep(0.1)
+        (turned_away,) = refused
+        out = turned_away.stdout.read() if turned_away.stdout else b""
+        assert turned_away.returncode == 1 and b"has no place for" in out, out
+    finally:
+        engine.close()
+        for agent in agents:
+            agent.kill()
+            agent.wait(30)

@@ -94,7 +94,12 @@ class LLMModel(Model):
 
     @classmethod
     def auto_complete(cls, config: mc.ModelConfig, version_dir: Path, options: Mapping[str, Any]) -> bool:
-        """Fill the generate I/O and the decoupled policy when the config leaves them out."""
+        """Fill the generate I/O, the decoupled policy and the placement settings (from
+        --backend-config=llm,...) when the config leaves them out."""
+        backend_config: Mapping[str, str] = options.get("backend_config", {})
+        for name in PLACEMENT_SETTINGS:
+            if name in backend_config and name not in config.parameters:
+                config.parameters[name].string_value = backend_config[name]
         if not config.HasField("model_transaction_policy"):
             config.model_transaction_policy.decoupled = True
         if not config.input:
@@ -153,6 +158,13 @@ class LLMModel(Model):
         path = Path(model)
         return path if path.is_absolute() else self.version_dir / path
 
+
+#: Where an engine's ranks run is the deployment's to say more than the repository's (a KServe
+#: multi-node runtime knows the node count and the head's address, the model's config does not):
+#: auto-complete fills these parameters, when the config leaves them out, from the server's
+#: `--backend-config=llm,<name>=<value>` (Triton's backend settings).
+PLACEMENT_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend", "nnodes",
+                      "master_addr", "master_port")
 
 #: the config parameters that set EngineConfig fields, and how each is read
 ENGINE_PARAMETERS: dict[str, type] = {

@@ -9,7 +9,8 @@ stays on one node and only the stage-to-stage hidden states cross the network.
 
 Rank 0 listens at `master_addr:master_port` (multiprocessing's connection listener: pickled
 messages over TCP, each side proving it knows the key by HMAC before anything is read). A node
-agent connects, says its node rank and gets the engine's `NodeAssignment` (the runner config, the
+agent connects, says its node rank (or asks for the next free one) and gets the engine's
+`NodeAssignment` (the runner config, the
 ranks it runs, where the process group meets: `master_addr:master_port + 1`); it starts one process
 per rank, each of which connects again, says its rank, and from then on is driven exactly like a
 local worker over that connection (`naiad.llm.workers.run_worker`): steps in, "ready" out, EOF when
@@ -65,6 +66,18 @@ class Cluster:
         """Refuse a cluster the ranks cannot use, before any process starts."""
         if self.ranks_per_node(size) and self.active and not cluster_key():
             raise ValueError(f"a multi-node engine needs the shared secret in ${KEY_ENV} on every node")
+
+
+#: What an agent started without a node rank asks for: rank 0 hands out the next free node (the
+#: pods of one Kubernetes Deployment have no ordinal to take theirs from).
+ANY_NODE = 0
+
+
+def _listen_host(master_addr: str) -> str:
+    """Where rank 0 listens: loopback stays loopback (one machine); any other address is taken to
+    be this machine's name on the cluster's network (a host, a DNS name of a Service), so listen on
+    every interface rather than resolve it here."""
+    return master_addr if master_addr in ("127.0.0.1", "localhost", "::1") else ""
 
 
 def cluster_key() -> bytes:
@@ -130,7 +143,8 @@ class NodeListener:
                                  cluster.master_addr, cluster.master_port + 1)
             for node in range(1, cluster.nnodes)
         }
-        self._listener = Listener((cluster.master_addr, cluster.master_port), authkey=cluster_key())
+        self._given: set[int] = set()  # nodes whose agent has its assignment
+        self._listener = Listener((_listen_host(cluster.master_addr), cluster.master_port), authkey=cluster_key())
 
     def accept_ranks(self, timeout: float | None = None) -> dict[int, tuple[Connection, RemoteProcess]]:
         """Wait until every remote rank has connected: {rank: (its connection, its process view)}."""
@@ -171,7 +185,10 @@ class NodeListener:
 
     def _greet(self, conn: Connection, ranks: dict[int, tuple[Connection, RemoteProcess]]) -> None:
         kind, number, pid = conn.recv()
-        if kind == "node" and number in self._assignment:
+        if kind == "node" and number == ANY_NODE:  # the lowest node not handed out yet
+            number = min((node for node in self._assignment if node not in self._given), default=-1)
+        if kind == "node" and number in self._assignment and number not in self._given:
+            self._given.add(number)
             conn.send(self._assignment[number])
             conn.close()  # the agent's ranks connect on their own
         elif kind == "rank" and self.per_node <= number < self.per_node * self.cluster.nnodes:
@@ -212,8 +229,9 @@ def serve_node(cluster: Cluster, node_rank: int, once: bool = False, wait: float
     """The node agent: run this node's ranks of each engine that rank 0 starts (one if `once`)."""
     if not cluster_key():
         raise ValueError(f"set the cluster's shared secret in ${KEY_ENV}")
-    if not 0 < node_rank < cluster.nnodes:
-        raise ValueError(f"node rank must be in 1..{cluster.nnodes - 1} (node 0 runs the engine), got {node_rank}")
+    if not 0 <= node_rank < cluster.nnodes:
+        raise ValueError(f"node rank must be in 1..{cluster.nnodes - 1} (node 0 runs the engine), or 0 for any, "
+                         f"got {node_rank}")
     status = 0
     while True:
         conn = _connect(cluster, time.monotonic() + (wait if once else float("inf")))
@@ -222,10 +240,11 @@ def serve_node(cluster: Cluster, node_rank: int, once: bool = False, wait: float
             assignment: NodeAssignment = conn.recv()
         except EOFError:  # refused: not a node this engine expects
             conn.close()
-            raise RuntimeError(f"{cluster.master_addr}:{cluster.master_port} has no place for node {node_rank}") \
-                from None
+            which = "any more nodes" if node_rank == ANY_NODE else f"node {node_rank}"
+            raise RuntimeError(f"{cluster.master_addr}:{cluster.master_port} has no place for {which}") from None
         conn.close()
-        log.info("node %d: running ranks %s of %s", node_rank, assignment.ranks, assignment.config.model)
+        node = assignment.ranks[0] // len(assignment.ranks)
+        log.info("node %d: running ranks %s of %s", node, assignment.ranks, assignment.config.model)
         context = multiprocessing.get_context("spawn")
         processes = [context.Process(target=_run_remote_rank, args=(cluster, rank, assignment, len(assignment.ranks)),
                                      name=f"naiad-rank{rank}") for rank in assignment.ranks]
@@ -234,6 +253,6 @@ def serve_node(cluster: Cluster, node_rank: int, once: bool = False, wait: float
         for process in processes:
             process.join()
         status = max((abs(process.exitcode or 0) for process in processes), default=0)
-        log.info("node %d: the engine's ranks ended (exit status %d)", node_rank, status)
+        log.info("node %d: the engine's ranks ended (exit status %d)", node, status)
         if once:
             return status
