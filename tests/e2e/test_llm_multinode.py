@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import ServerProcess, running_server
 
-from e2e.raw_http import post
+from e2e.test_llm_pipeline_parallel import _text
 from e2e.test_llm_tensor_parallel import PROMPT, _tiny_llm
 
 pytestmark = pytest.mark.e2e
@@ -81,14 +81,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
             del os.environ["NAIAD_CLUSTER_KEY"]
         else:
             os.environ["NAIAD_CLUSTER_KEY"] = saved
-
-
-def _text(server: ServerProcess, model: str, body: dict[str, object]) -> str:
-    answer = post(server.url, f"/v2/models/{model}/generate", json.dumps(body).encode(),
-                  {"Content-Type": "application/json"}, timeout=60)
-    assert answer.status == 200, answer.body
-    text: str = answer.json()["text_output"]
-    return text
 
 
 def test_a_model_placed_by_the_backend_config_spans_two_nodes(cluster: ServerProcess) -> None:
