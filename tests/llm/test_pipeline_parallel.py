@@ -26,7 +26,7 @@ from llm.tiny_models import REQUESTS, TINY, build_tiny_model, run_staggered
 from naiad.llm.engine import EngineConfig, LLMEngine
 from naiad.llm.engine_core import AddRequest, CoreMessage, EngineClient, EngineFailed, StepOutputs
 from naiad.llm.model_runner import ModelRunner, RunnerConfig, StepPlan
-from naiad.llm.parallel import destroy_group, free_loopback_port, init_group, stage_layers
+from naiad.llm.parallel import destroy_group, free_port, init_group, stage_layers
 from naiad.llm.pipeline import split_plan, split_rows
 from naiad.llm.sampling_params import GREEDY
 from naiad.llm.workers import WorkerDied
@@ -192,7 +192,7 @@ def test_stage_1_runs_micro_batch_0_while_stage_0_runs_micro_batch_1(tiny_models
                     [5, 1, 5], [5, 1, 5], [[0, 1], [2], [3, 4]], [4, 5, 10])
     context = multiprocessing.get_context("spawn")
     started, results = context.Event(), context.Queue()
-    port = free_loopback_port()
+    port = free_port()
     stages = [context.Process(target=_probe_stage, args=(rank, port, model, plan, started, results))
               for rank in range(2)]
     for stage in stages:

@@ -224,10 +224,10 @@ def check_no_group() -> None:
         )
 
 
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for the process group's rendezvous."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now, for the process group's rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 

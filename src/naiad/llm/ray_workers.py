@@ -44,7 +44,7 @@ from ray.util.placement_group import placement_group as reserve_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from naiad.llm.model_runner import ModelRunner, RunnerConfig, StepPlan
-from naiad.llm.parallel import TensorParallel, destroy_group, init_group
+from naiad.llm.parallel import TensorParallel, destroy_group, free_port, init_group
 from naiad.llm.workers import WorkerDied, WorkerInfo, worker_name
 
 log = logging.getLogger(__name__)
@@ -93,13 +93,6 @@ def _using_interface(ip: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def free_port(host: str) -> int:
-    """A TCP port free on `host` now, for rank 0's rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class RankActor:

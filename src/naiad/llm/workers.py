@@ -38,7 +38,7 @@ import torch
 
 from naiad.llm.model_runner import ModelRunner, RunnerConfig, StepPlan
 from naiad.llm.nodes import Cluster, NodeListener, RemoteProcess
-from naiad.llm.parallel import TensorParallel, destroy_group, free_loopback_port, init_group, rank_device
+from naiad.llm.parallel import TensorParallel, destroy_group, free_port, init_group, rank_device
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class WorkerGroup:
             self.host, self.port = cluster.master_addr, cluster.master_port + 1
             listener = NodeListener(cluster, config, size, tp_size)
         else:
-            self.host, self.port = "127.0.0.1", free_loopback_port()
+            self.host, self.port = "127.0.0.1", free_port()
         self._threads: int | None = None  # rank 0's torch threads before it took its share
         self.workers: list[_Worker] = []
         with _may_start_processes():
