@@ -47,7 +47,7 @@ def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help: s
     parser.add_argument(flag, type=_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help)
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
     # `naiad tritonserver ...` too: an image whose entry point is `naiad` then runs the args of a
     # Triton ServingRuntime (`tritonserver --model-store=...`) unchanged.
     p = sub.add_parser("serve", aliases=["tritonserver"], help="serve a model repository (tritonserver's flags)")
@@ -83,6 +83,15 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
                    help="naiad: after N responses on one keep-alive connection, answer with "
                         "'Connection: close' and close it, so clients reconnect and a load balancer "
                         "can spread them over replicas (0: no limit)")
+    _add_bool(p, "--console", True, "naiad: serve the web console at / on the HTTP port (models, live "
+              "charts, a form to try a model, an LLM chat); false: / answers 404")
+    p.add_argument("--http-idle-timeout-secs", type=float, default=75.0,
+                   help="naiad: close a keep-alive connection with no request for this long "
+                        "(nginx's keepalive_timeout; 0: no limit)")
+    p.add_argument("--max-connections", type=_non_negative, default=4096, metavar="N",
+                   help="naiad: HTTP and gRPC connections open at once (nginx's worker_connections); at "
+                        "the limit the longest-idle one is closed to make room, else the newcomer is "
+                        "refused (HTTP 503, gRPC GOAWAY). Capped by the open-file limit (0: no limit)")
     _add_bool(p, "--allow-grpc", True, "serve gRPC")
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
@@ -156,6 +165,30 @@ def _grpc_flags(p: argparse.ArgumentParser) -> None:
                    help="naiad: seconds a new connection has to send the HTTP/2 preface and its first "
                         "frame (gRPC core's server handshake timeout), and any frame to complete once "
                         "begun; then it is closed (0: no limit)")
+    _grpc_limit_flags(p)
+
+
+def _grpc_limit_flags(p: argparse.ArgumentParser) -> None:
+    """naiad's own transport against hostile clients (docs/reliability.md, "Hostile clients")."""
+    p.add_argument("--grpc-max-concurrent-streams", type=_non_negative, default=128, metavar="N",
+                   help="naiad: SETTINGS_MAX_CONCURRENT_STREAMS; streams past it are refused (0: no limit)")
+    p.add_argument("--grpc-max-connection-idle-ms", type=_non_negative, default=300_000, metavar="MS",
+                   help="naiad: GOAWAY and close a connection without calls for this long "
+                        "(gRPC core's GRPC_ARG_MAX_CONNECTION_IDLE_MS; 0: no limit)")
+    p.add_argument("--grpc-send-timeout-secs", type=float, default=60.0,
+                   help="naiad: reset a call whose response makes no progress for this long (the client "
+                        "reads nothing or opens no window; nginx's send_timeout; 0: no limit)")
+    p.add_argument("--grpc-max-unsent-bytes", type=_non_negative, default=64 << 20, metavar="BYTES",
+                   help="naiad: response bytes one connection may hold unsent; a response arriving past "
+                        "it fails with RESOURCE_EXHAUSTED (0: no limit)")
+    p.add_argument("--grpc-max-resets-per-sec", type=_non_negative, default=100, metavar="N",
+                   help="naiad: streams a connection may reset or have refused per second, in bursts of "
+                        "10 s worth; past it GOAWAY ENHANCE_YOUR_CALM (CVE-2023-44487; 0: no limit)")
+    p.add_argument("--grpc-max-settings-per-sec", type=_non_negative, default=10, metavar="N",
+                   help="naiad: SETTINGS frames a connection may send per second, bursts of 10 s worth")
+    p.add_argument("--grpc-max-control-frames-per-sec", type=_non_negative, default=100, metavar="N",
+                   help="naiad: frames that ask for nothing (PRIORITY, idle WINDOW_UPDATEs, empty DATA or "
+                        "CONTINUATION...) a connection may send per second, bursts of 10 s worth")
 
 
 def _grpc_options(args: argparse.Namespace) -> GrpcOptions:
@@ -179,6 +212,13 @@ def _grpc_options(args: argparse.Namespace) -> GrpcOptions:
         handshake_timeout_secs=args.grpc_handshake_timeout_secs,
         max_connection_age_ms=args.grpc_max_connection_age_ms,
         max_connection_age_grace_ms=args.grpc_max_connection_age_grace_ms,
+        max_concurrent_streams=args.grpc_max_concurrent_streams,
+        max_connection_idle_ms=args.grpc_max_connection_idle_ms,
+        send_timeout_secs=args.grpc_send_timeout_secs,
+        max_unsent_bytes=args.grpc_max_unsent_bytes,
+        max_resets_per_sec=args.grpc_max_resets_per_sec,
+        max_settings_per_sec=args.grpc_max_settings_per_sec,
+        max_control_frames_per_sec=args.grpc_max_control_frames_per_sec,
     )
 
 
@@ -222,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="print a model's auto-completed config as config.pbtxt")
     config.add_argument("model_dir", type=Path)
     config.add_argument("--model-config-name", default=None)
+    from naiad.tools.bench.flags import add_parser as add_bench
+    from naiad.tools.tune.flags import add_parser as add_tune
+
+    add_bench(sub)
+    add_tune(sub)
     node = sub.add_parser("llm-node", help="run this machine's ranks of a multi-node LLM (docs/llm.md)")
     node.add_argument("--master-addr", required=True, help="where rank 0 (the naiad serving the model) listens")
     node.add_argument("--master-port", type=int, default=29500, help="the model's master_port parameter")
@@ -269,6 +314,9 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         http_read_timeout_secs=args.http_read_timeout_secs,
         http_header_forward_pattern=args.http_header_forward_pattern,
         http_max_requests_per_connection=args.http_max_requests_per_connection,
+        console=args.console,
+        http_idle_timeout_secs=args.http_idle_timeout_secs,
+        max_connections=args.max_connections,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
@@ -362,7 +410,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _print_config(args)
     if args.command == "llm-node":
         return _llm_node(args, parser)
+    if args.command == "bench":
+        from naiad.tools.bench.command import run as bench
+
+        return bench(args, in_process=_in_process_target)
+    if args.command == "tune":
+        from naiad.tools.tune.command import run as tune
+
+        return tune(args)
     return _serve(args, options_from_args(args, parser))
+
+
+async def _in_process_target(args: argparse.Namespace) -> object:
+    """`naiad bench --in-process`: a server in this process (the tools themselves never import the core)."""
+    from naiad.tools.inprocess import start
+
+    return await start(args)
 
 
 def _llm_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -371,7 +434,7 @@ def _llm_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     # By name, as the backend registry loads backends: the agent's ranks need torch, and
     # `naiad.cli` must not reach it by import (the import-linter contract).
-    nodes = importlib.import_module("naiad.llm.nodes")
+    nodes = importlib.import_module("naiad.llm.distributed.nodes")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(nodes.serve_node(nodes.Cluster(args.nnodes, args.master_addr, args.master_port), args.node_rank,

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 
-class DataType(enum.Enum):
-    """A tensor datatype: its V2 protocol name is the enum value."""
+class DataType(enum.StrEnum):
+    """A tensor datatype: its V2 protocol name is the enum value (a str enum: the member is that
+    string, hashed and compared as one, which keeps dict lookups by datatype cheap)."""
 
     BOOL = "BOOL"
     UINT8 = "UINT8"

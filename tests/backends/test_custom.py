@@ -17,6 +17,7 @@ from backends.conformance import mlp
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch
+from naiad.backends.blocking import execute_blocking
 from naiad.backends.custom import library
 from naiad.backends.custom.backend import CustomModel
 from naiad.config.model_config import parse_config_text
@@ -230,14 +231,14 @@ def _request(value: float, **parameters: Any) -> InferRequest:
 def test_a_segfault_fails_its_batch_and_a_new_process_serves_the_next(tmp_path: Path) -> None:
     instance = _model(tmp_path, "faulty").create_instance(_group(), 0)
     try:
-        (ok,) = instance.execute(Batch([_request(1.0)], batched=True))
+        (ok,) = execute_blocking(instance, Batch([_request(1.0)], batched=True))
         assert isinstance(ok, dict) and ok["OUTPUT0"].tolist() == [[1.0, 1.0]]
-        results = instance.execute(Batch([_request(2.0), _request(3.0, crash=True)], batched=True))
+        results = execute_blocking(instance, Batch([_request(2.0), _request(3.0, crash=True)], batched=True))
         for result in results:  # both requests of the batch were in the process that died
             assert isinstance(result, InternalError)
             assert "model instance 'm_0'" in str(result)
             assert "the custom backend's model process was killed by signal SIGSEGV" in str(result)
-        (after,) = instance.execute(Batch([_request(4.0)], batched=True))  # waits for the new process
+        (after,) = execute_blocking(instance, Batch([_request(4.0)], batched=True))  # waits for the new process
         assert isinstance(after, dict) and after["OUTPUT0"].tolist() == [[4.0, 4.0]]
     finally:
         instance.close()
@@ -246,10 +247,10 @@ def test_a_segfault_fails_its_batch_and_a_new_process_serves_the_next(tmp_path: 
 def test_per_request_and_batch_errors_through_the_process(tmp_path: Path) -> None:
     instance = _model(tmp_path, "faulty").create_instance(_group(), 0)
     try:
-        failed, served = instance.execute(Batch([_request(1.0, fail=True), _request(2.0)], batched=True))
+        failed, served = execute_blocking(instance, Batch([_request(1.0, fail=True), _request(2.0)], batched=True))
         assert isinstance(failed, NaiadError) and str(failed) == "request failed on purpose"
         assert isinstance(served, dict)
-        both = instance.execute(Batch([_request(1.0), _request(2.0, fail_batch=True)], batched=True))
+        both = execute_blocking(instance, Batch([_request(1.0), _request(2.0, fail_batch=True)], batched=True))
         assert all(isinstance(r, NaiadError) and "batch failed on purpose" in str(r) for r in both)
     finally:
         instance.close()
@@ -308,7 +309,7 @@ def test_default_model_filename_names_another_library(tmp_path: Path) -> None:
     model = CustomModel(_config("m", 'default_model_filename: "libidentity.so"\n'), version, 1)
     instance = model.create_instance(_group(), 0)
     try:
-        (result,) = instance.execute(Batch([_request(5.0)], batched=True))
+        (result,) = execute_blocking(instance, Batch([_request(5.0)], batched=True))
         assert isinstance(result, dict) and result["OUTPUT0"].tolist() == [[5.0, 5.0]]
     finally:
         instance.close()

@@ -18,9 +18,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.llm import LLMModel
 from naiad.backends.llm_supervisor import EngineSupervisor, RestartPolicy
 from naiad.errors import InvalidArgument
-from naiad.llm.engine import EngineConfig
-from naiad.llm.engine_core import AddRequest, CoreMessage, StepOutputs
-from naiad.llm.sampling_params import SamplingParams
+from naiad.llm.engine.engine_core import AddRequest, CoreMessage, StepOutputs
+from naiad.llm.engine.llm_engine import EngineConfig
+from naiad.llm.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 

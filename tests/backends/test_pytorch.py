@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 
 from naiad.backends.base import Batch  # noqa: E402
+from naiad.backends.blocking import execute_blocking  # noqa: E402
 from naiad.backends.pytorch import PyTorchModel  # noqa: E402
 from naiad.backends.pytorch_settings import parse_settings  # noqa: E402
 from naiad.config.autocomplete import resolve_backend  # noqa: E402
@@ -281,6 +282,21 @@ def test_intra_op_thread_count_applies_to_the_instance_thread(tmp_path: Path, pa
     thread.start()
     thread.join()
     assert seen == [threads]
+
+
+def test_an_instance_that_served_through_its_thread_closes_cleanly(tmp_path: Path) -> None:
+    """The instance's thread count bookkeeping once overwrote the instance thread it runs on
+    (found by mypy): close() then called join() on an int."""
+    version = _version(tmp_path, Arithmetic())
+    instance = _instance(version, "max_batch_size: 4 " + _io("input", "INPUT__0") + _io("output", "OUTPUT__0"))
+    a = np.ones((1, 2), dtype=np.float32)
+    batch = Batch([InferRequest("m", None, [Tensor("INPUT__0", DataType.FP32, a.shape, a)])], batched=True)
+    (result,) = execute_blocking(instance, batch)
+    assert result["OUTPUT__0"].tolist() == [[9.0, 9.0]]
+    thread = instance._thread
+    assert isinstance(thread, threading.Thread) and thread.is_alive()
+    instance.close()
+    assert not thread.is_alive()
 
 
 @pytest.mark.parametrize(("key", "value"), [("INFERENCE_MODE", "maybe"), ("INTRA_OP_THREAD_COUNT", "0"),

@@ -440,3 +440,14 @@ def test_ensemble_io_still_validated():
     del config.input[0].dims[:]
 
     assert _error(config, "ens") == "model input 'IN' must specify 'dims' for ens"
+
+
+@pytest.mark.parametrize("key", ["reason", "le", "quantile", "model", "version", "my-tag", "1st", "__name", ""])
+def test_metric_tags_that_would_break_the_metrics_page_are_refused(key: str) -> None:
+    config = parse_config_text(BASE + f'metric_tags {{ key: "{key}" value: "x" }}\n', "tags")
+    with pytest.raises(InvalidArgument, match="metric_tags key"):
+        validate_config(config, "simple")
+
+
+def test_metric_tags_with_label_names_are_fine() -> None:
+    validate_config(parse_config_text(BASE + 'metric_tags { key: "team_2" value: "search" }\n', "tags"), "simple")

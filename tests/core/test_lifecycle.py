@@ -62,12 +62,12 @@ def test_unknown_model_and_version_texts(manager: ModelManager) -> None:
     with pytest.raises(NotFound, match=r"^Request for unknown model: 'm' version 1 is not found$"):
         manager.get("m", 1)
     with pytest.raises(NotFound):
-        manager.acquire("x", None)
+        manager.router.acquire("x", None)
 
 
 def test_acquire_holds_an_unload_until_release(manager: ModelManager) -> None:
     manager.load("m")
-    loaded = manager.acquire("m", None)
+    loaded, _ = manager.router.acquire("m", None)
     unloading = threading.Thread(target=manager.unload, args=("m", 10.0))
     unloading.start()
     unloading.join(0.3)

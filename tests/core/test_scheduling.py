@@ -7,6 +7,7 @@ from naiad.core.scheduling import batcher_settings, make_job, make_scheduler
 from naiad.errors import InvalidArgument
 from naiad.scheduling.default import DefaultScheduler
 from naiad.scheduling.dynamic import TIMEOUT_DELAY, DynamicBatcher
+from naiad.scheduling.timers import Timers
 from naiad.types import DataType, InferRequest, Tensor
 
 
@@ -46,6 +47,6 @@ def test_settings_from_config():
 
 def test_scheduler_choice_follows_the_config():
     plain = mc.ModelConfig(max_batch_size=4)
-    assert isinstance(make_scheduler(plain, [], lambda j, e: None, "m"), DefaultScheduler)
+    assert isinstance(make_scheduler(plain, [], lambda j, e: None, Timers(), "m"), DefaultScheduler)
     plain.dynamic_batching.SetInParent()
-    assert isinstance(make_scheduler(plain, [], lambda j, e: None, "m"), DynamicBatcher)
+    assert isinstance(make_scheduler(plain, [], lambda j, e: None, Timers(), "m"), DynamicBatcher)

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from naiad.backends.base import Batch, ModelInstance
+from naiad.backends.base import Batch
+from naiad.backends.threaded import ThreadedInstance
 from naiad.config.model_config import parse_config_text
 from naiad.core.warmup import run_warmup, warmup_requests
 from naiad.errors import Unavailable
@@ -17,7 +18,7 @@ model_warmup { name: "file" batch_size: 1 inputs { key: "INPUT0" value { data_ty
 """  # noqa: E501
 
 
-class Recorder(ModelInstance):
+class Recorder(ThreadedInstance):
     def __init__(self, fail: bool = False) -> None:
         self.batches: list[Batch] = []
         self.fail = fail

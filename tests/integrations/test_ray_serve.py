@@ -178,7 +178,7 @@ def test_scales_from_one_to_three_replicas_under_load(serve_url: str) -> None:
         stop.set()
         for thread in threads:
             thread.join(120)
-    assert not failures, failures[:3]
+    assert not failures, [str(failure) for failure in failures[:3]]  # tritonclient errors repr as ""
     assert max(seen) == 3, f"replicas seen: {seen}"
     assert _running_replicas() <= 3  # max_replicas bounds it
     assert len(done) == 12 and sum(done) > 12

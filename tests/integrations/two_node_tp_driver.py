@@ -15,9 +15,9 @@ import ray
 from llm.tiny_models import TINY, run_staggered
 from ray.util.placement_group import placement_group, remove_placement_group
 
-import naiad.llm.ray_workers as ray_workers_module
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.ray_workers import RayWorkerGroup
+import naiad.llm.distributed.ray_workers as ray_workers_module
+from naiad.llm.distributed.ray_workers import RayWorkerGroup
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 
 
 def config(model: Path, tp: int) -> EngineConfig:

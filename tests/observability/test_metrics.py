@@ -121,3 +121,14 @@ def test_histogram_buckets_count_cumulatively() -> None:
 def test_bad_metrics_config_is_refused(settings: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         LatencySettings.from_config(settings)
+
+
+def test_a_model_with_unusable_tags_cannot_break_the_page_for_the_others() -> None:
+    """Tags the config check refuses (a label the page sets, an invalid name) are left off if
+    they ever get here, so the page stays parseable and every model's series stays on it."""
+    bad = ModelStatistics("bad", "1", tags={"reason": "x", "le": "y", "my-tag": "z", "team": "a"})
+    text = "\n".join(render_models([ModelSample(bad, pending=0), ModelSample(_stats(), pending=0)])) + "\n"
+    samples = _families(text)["nv_inference_request_success"].samples  # type: ignore[attr-defined]
+    assert {sample.labels["model"] for sample in samples} == {"bad", "simple"}
+    assert next(s for s in samples if s.labels["model"] == "bad").labels == {"model": "bad", "version": "1",
+                                                                           "team": "a"}

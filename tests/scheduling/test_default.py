@@ -1,13 +1,23 @@
+"""The default scheduler: each job runs alone, in order, on an instance with room; jobs start from
+the thread that has news (a submit, an executed batch, an instance with room again)."""
+
 import threading
 import time
 
 from naiad.scheduling.base import Job
 from naiad.scheduling.default import DefaultScheduler
+from naiad.scheduling.timers import Timers
 from naiad.types import InferRequest
+from scheduling.workers import FakeWorker, threads
 
 
-def _job(i: int, done: list) -> Job:
-    return Job(InferRequest("m", None, [], id=str(i)), done.append)
+def _job(i: int, done: list | None = None) -> Job:
+    return Job(InferRequest("m", None, [], id=str(i)), (done if done is not None else []).append)
+
+
+def _scheduler(workers, dropped: list | None = None) -> DefaultScheduler:
+    drops = dropped if dropped is not None else []
+    return DefaultScheduler(workers, lambda job, error: drops.append((job, error)), Timers())
 
 
 def test_every_job_runs_once_and_alone():
@@ -18,10 +28,13 @@ def test_every_job_runs_once_and_alone():
         with lock:
             ran.append([j.request.id for j in jobs])
 
-    scheduler = DefaultScheduler([runner, runner])
+    scheduler = _scheduler(threads(runner, runner))
     scheduler.start()
     for i in range(50):
-        scheduler.submit(_job(i, []))
+        scheduler.submit(_job(i))
+    deadline = time.monotonic() + 10
+    while len(ran) < 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
     scheduler.stop()
     assert sorted(int(batch[0]) for batch in ran) == list(range(50))
     assert all(len(batch) == 1 for batch in ran)
@@ -42,14 +55,14 @@ def test_an_idle_instance_takes_work_while_another_is_busy():
         busy.set()
         release.wait(5)
 
-    scheduler = DefaultScheduler([slow, fast])
+    scheduler = _scheduler(threads(slow, fast))
     scheduler.start()
-    scheduler.submit(_job(0, []))
+    scheduler.submit(_job(0))
     assert busy.wait(5)  # one instance now holds the first job
     ran_first = started[0]
 
     other = next(r for r in ("slow", "fast") if r != ran_first)
-    scheduler.submit(_job(1, []))
+    scheduler.submit(_job(1))
     deadline = time.monotonic() + 5
     while len(started) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -58,25 +71,120 @@ def test_an_idle_instance_takes_work_while_another_is_busy():
     scheduler.stop()
 
 
-def test_stop_runs_queued_jobs_first():
-    ran: list[Job] = []
-    scheduler = DefaultScheduler([ran.extend])
+def test_queued_jobs_wait_for_start_then_run_in_order():
+    worker = FakeWorker(room=10)
+    scheduler = _scheduler([worker])
     for i in range(5):
-        scheduler.submit(_job(i, []))
-    assert scheduler.pending() == 5
+        scheduler.submit(_job(i))
+    assert scheduler.pending() == 5 and worker.started == []
     scheduler.start()
-    scheduler.stop()
-    assert len(ran) == 5 and scheduler.pending() == 0
+    assert worker.started == ["0", "1", "2", "3", "4"] and scheduler.pending() == 0
 
 
 def test_cancelled_jobs_are_dropped_not_run():
-    ran: list[Job] = []
     dropped: list[tuple[Job, object]] = []
-    scheduler = DefaultScheduler([ran.extend], drop=lambda job, error: dropped.append((job, error)))
-    gone, kept = _job(1, []), _job(2, [])
+    worker = FakeWorker(room=10)
+    scheduler = _scheduler([worker], dropped)
+    gone, kept = _job(1), _job(2)
     gone.cancelled = True
     scheduler.submit(gone)
     scheduler.submit(kept)
     scheduler.start()
-    scheduler.stop()
-    assert ran == [kept] and dropped == [(gone, None)]
+    assert worker.started == ["2"] and dropped == [(gone, None)]
+
+
+# -- instances that hold several batches (model processes) and may refuse some ------------------
+
+
+def test_jobs_start_in_the_submitting_thread_while_there_is_room() -> None:
+    worker = FakeWorker(room=2)
+    scheduler = _scheduler([worker])
+    scheduler.start()
+    scheduler.submit(_job(0))
+    scheduler.submit(_job(1))
+    assert worker.started == ["0", "1"]  # no thread of the scheduler's own was involved
+    scheduler.submit(_job(2))
+    assert worker.started == ["0", "1"] and scheduler.pending() == 1
+
+
+def test_an_instance_gets_no_more_batches_than_its_depth() -> None:
+    worker = FakeWorker(room=100, depth=2)
+    scheduler = _scheduler([worker])
+    scheduler.start()
+    for i in range(4):
+        scheduler.submit(_job(i))
+    assert worker.started == ["0", "1"] and scheduler.pending() == 2
+    worker.finish()  # one executed: one more may go
+    assert worker.started == ["0", "1", "2"]
+
+
+def test_queued_jobs_start_in_order_as_room_frees_up() -> None:
+    worker = FakeWorker(room=1)
+    scheduler = _scheduler([worker])
+    scheduler.start()
+    for i in range(4):
+        scheduler.submit(_job(i))
+    assert worker.started == ["0"] and scheduler.pending() == 3
+    worker.finish()
+    assert worker.started == ["0", "1"]
+    worker.room += 5  # a burst of room: one callback starts everything queued
+    worker.finish()
+    assert worker.started == ["0", "1", "2", "3"] and scheduler.pending() == 0
+
+
+def test_new_jobs_never_overtake_queued_ones() -> None:
+    worker = FakeWorker(room=1)
+    scheduler = _scheduler([worker])
+    scheduler.start()
+    scheduler.submit(_job(0))
+    scheduler.submit(_job(1))  # queued
+    worker.room += 1  # room appears without a callback yet
+    scheduler.submit(_job(2))
+    assert worker.started == ["0"]  # 2 waits behind 1 even though there is room
+    worker.finish()
+    assert worker.started == ["0", "1", "2"]
+
+
+def test_instances_take_turns() -> None:
+    first, second = FakeWorker(room=10), FakeWorker(room=10)
+    scheduler = _scheduler([first, second])
+    scheduler.start()
+    for i in range(6):
+        scheduler.submit(_job(i))
+    assert first.started == ["0", "2", "4"] and second.started == ["1", "3", "5"]
+
+
+def test_cancelled_jobs_are_dropped_instead_of_started() -> None:
+    dropped: list[tuple[Job, object]] = []
+    worker = FakeWorker(room=1)
+    scheduler = _scheduler([worker], dropped)
+    scheduler.start()
+    scheduler.submit(_job(0))
+    waiting = _job(1)
+    scheduler.submit(waiting)
+    waiting.cancelled = True  # the client went away while it waited
+    worker.finish()
+    assert worker.started == ["0"] and [job.request.id for job, _ in dropped] == ["1"]
+
+
+def test_an_instance_answering_inside_run_starts_the_next_job_without_deadlock() -> None:
+    """A worker may report its batch executed before `run` returns (an instance answering at
+    once): the scheduler then starts the next queued job, from the same thread."""
+    started: list[str] = []
+
+    class Inline:
+        depth = 1
+
+        def run(self, jobs, executed):
+            started.extend(j.request.id for j in jobs)
+            executed()
+            return True
+
+        def set_on_room(self, callback):
+            pass
+
+    scheduler = _scheduler([Inline()])
+    for i in range(3):
+        scheduler.submit(_job(i))
+    scheduler.start()
+    assert started == ["0", "1", "2"]

@@ -9,7 +9,9 @@ import pytest
 from naiad.errors import Unavailable
 from naiad.scheduling.base import Job
 from naiad.scheduling.dynamic import TIMEOUT_DELAY, BatcherSettings, DynamicBatcher, QueuePolicy
+from naiad.scheduling.timers import Timers
 from naiad.types import InferRequest
+from scheduling.workers import ThreadWorker, threads
 
 SECOND = 1_000_000_000
 
@@ -56,8 +58,9 @@ def _job(name: str, size: int = 1, priority: int = 0, timeout_ns: int = 0, shape
 
 def _batcher(instance, dropped=None, instances: int = 1, **settings) -> DynamicBatcher:
     settings.setdefault("max_batch_size", 8)
-    batcher = DynamicBatcher([instance] * instances, BatcherSettings(**settings),
-                             lambda job, error: (dropped if dropped is not None else []).append((job, error)))
+    batcher = DynamicBatcher([ThreadWorker(instance) for _ in range(instances)], BatcherSettings(**settings),
+                             lambda job, error: (dropped if dropped is not None else []).append((job, error)),
+                             Timers())
     batcher.start()
     return batcher
 
@@ -162,12 +165,14 @@ def test_reject_timeout_drops_the_request_with_an_error():
 
 def test_delay_timeout_moves_the_request_behind_the_others():
     instance = Instance()
-    policy = QueuePolicy(timeout_action=TIMEOUT_DELAY, default_timeout_ns=SECOND // 20)
+    # Only "expires" has a short timeout: "fresh" cannot expire too, however late the instance
+    # thread gets to look at the queue on a busy machine.
+    policy = QueuePolicy(timeout_action=TIMEOUT_DELAY, default_timeout_ns=60 * SECOND, allow_timeout_override=True)
     batcher = _batcher(instance, max_batch_size=1, default_policy=policy)
     instance.hold()
     batcher.submit(_job("blocker"))
     assert instance.busy.wait(5)
-    batcher.submit(_job("expires"))
+    batcher.submit(_job("expires", timeout_ns=SECOND // 20))
     time.sleep(0.1)  # "expires" is past its deadline now
     batcher.submit(_job("fresh"))
     instance.release()
@@ -217,6 +222,7 @@ def test_preserve_ordering_delivers_responses_in_arrival_order():
     delivered: list[str] = []
     slow_started = threading.Event()
     release_slow = threading.Event()
+    second_answered = threading.Event()
 
     def runner(jobs: list[Job]) -> None:
         if jobs[0].request.id == "first":
@@ -224,15 +230,17 @@ def test_preserve_ordering_delivers_responses_in_arrival_order():
             release_slow.wait(10)
         for job in jobs:
             job.sink(job.request.id)
+        if jobs[0].request.id == "second":
+            second_answered.set()
 
-    batcher = DynamicBatcher([runner, runner], BatcherSettings(max_batch_size=1, preserve_ordering=True),
-                             lambda job, error: None)
+    batcher = DynamicBatcher(threads(runner, runner), BatcherSettings(max_batch_size=1, preserve_ordering=True),
+                             lambda job, error: None, Timers())
     batcher.start()
     batcher.submit(_job("first", sink=delivered.append))
     assert slow_started.wait(5)
     batcher.submit(_job("second", sink=delivered.append))
-    time.sleep(0.05)  # "second" has finished on the other instance but must not be delivered yet
-    assert delivered == []
+    assert second_answered.wait(5)  # "second" has finished on the other instance...
+    assert delivered == []  # ...but must not be delivered before "first"
     release_slow.set()
     batcher.stop()
     assert delivered == ["first", "second"]
@@ -249,8 +257,8 @@ def test_stop_runs_what_is_queued_without_waiting_for_the_delay():
 def test_preserve_ordering_does_not_wait_for_a_cancelled_request():
     delivered: list[str] = []
     instance = Instance()
-    batcher = DynamicBatcher([instance], BatcherSettings(max_batch_size=8, preserve_ordering=True),
-                             lambda job, error: None)
+    batcher = DynamicBatcher(threads(instance), BatcherSettings(max_batch_size=8, preserve_ordering=True),
+                             lambda job, error: None, Timers())
     batcher.start()
     _busy(batcher, instance)
     gone, kept = _job("gone", size=8, sink=delivered.append), _job("kept", size=8, sink=delivered.append)
@@ -266,7 +274,7 @@ def test_preserve_ordering_survives_a_rejected_request():
     delivered: list[str] = []
     instance = Instance()
     settings = BatcherSettings(max_batch_size=8, preserve_ordering=True, default_policy=QueuePolicy(max_queue_size=1))
-    batcher = DynamicBatcher([instance], settings, lambda job, error: None)
+    batcher = DynamicBatcher(threads(instance), settings, lambda job, error: None, Timers())
     batcher.start()
     _busy(batcher, instance)
     batcher.submit(_job("kept", size=8, sink=delivered.append))

@@ -1,5 +1,5 @@
-import threading
-import time
+"""The rate limiter: instances holding resources exclude each other, the lowest priority value
+goes first, and nobody blocks (an instance that cannot have its resources is told when to retry)."""
 
 import pytest
 
@@ -7,37 +7,38 @@ from naiad.errors import InvalidArgument
 from naiad.scheduling.rate_limiter import GLOBAL_DEVICE, Needs, RateLimiter
 
 
-def _holder(limiter: RateLimiter, needs: Needs, log: list, name: str, hold: threading.Event):
-    def run(jobs):
-        log.append(("start", name))
-        hold.wait(5)
-        log.append(("end", name))
+class Waiter:
+    """An instance trying to run: counts how often it was told to try again."""
 
-    return limiter.wrap(run, needs)
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+
+    def ready(self) -> None:
+        self.calls += 1
 
 
 def test_instances_sharing_a_one_unit_resource_never_run_together():
     limiter = RateLimiter({("R", 0): 1})
     needs = Needs(((("R", 0), 1),))
-    log: list = []
-    hold = threading.Event()
-    runners = [_holder(limiter, needs, log, n, hold) for n in ("a", "b")]
-    threads = [threading.Thread(target=r, args=([],)) for r in runners]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.05)
-    assert len([e for e in log if e[0] == "start"]) == 1  # the other waits for the unit
-    hold.set()
-    for thread in threads:
-        thread.join(5)
-    assert [e[0] for e in log] == ["start", "end", "start", "end"]
+    a, b = Waiter("a"), Waiter("b")
+    assert limiter.try_acquire(needs, a, a.ready)
+    assert not limiter.try_acquire(needs, b, b.ready)  # the other waits for the unit
+    assert b.calls == 0
+    limiter.release(needs)
+    assert b.calls == 1  # told to try again once the unit is back
+    assert limiter.try_acquire(needs, b, b.ready)
+    assert not limiter.try_acquire(needs, a, a.ready)  # and now a waits for b
+    limiter.release(needs)
+    assert a.calls == 1
 
 
 def test_an_unconfigured_resource_gets_the_largest_need():
     limiter = RateLimiter()
     limiter.register(Needs(((("R", 0), 2),)))
     limiter.register(Needs(((("R", 0), 3),)))
-    limiter.acquire(Needs(((("R", 0), 3),)))  # would block forever if capacity were 2
+    big = Waiter("big")
+    assert limiter.try_acquire(Needs(((("R", 0), 3),)), big, big.ready)  # impossible if capacity were 2
     limiter.release(Needs(((("R", 0), 3),)))
 
 
@@ -49,22 +50,18 @@ def test_a_need_larger_than_the_configured_pool_is_refused():
 
 def test_lower_priority_value_goes_first():
     limiter = RateLimiter({("G", GLOBAL_DEVICE): 1})
-    order: list[str] = []
     first = Needs(((("G", GLOBAL_DEVICE), 1),))
-    limiter.acquire(first)  # hold the only unit while both wait
-
-    def wait(name: str, priority: int) -> None:
-        needs = Needs(((("G", GLOBAL_DEVICE), 1),), priority)
-        limiter.acquire(needs)
-        order.append(name)
-        limiter.release(needs)
-
-    threads = [threading.Thread(target=wait, args=("low", 5)), threading.Thread(target=wait, args=("high", 1))]
-    threads[0].start()
-    time.sleep(0.05)
-    threads[1].start()
-    time.sleep(0.05)
+    holder = Waiter("holder")
+    assert limiter.try_acquire(first, holder, holder.ready)  # hold the only unit while both wait
+    low, high = Waiter("low"), Waiter("high")
+    low_needs, high_needs = Needs(((("G", GLOBAL_DEVICE), 1),), 5), Needs(((("G", GLOBAL_DEVICE), 1),), 1)
+    assert not limiter.try_acquire(low_needs, low, low.ready)  # low came first ...
+    assert not limiter.try_acquire(high_needs, high, high.ready)
     limiter.release(first)
-    for thread in threads:
-        thread.join(5)
-    assert order == ["high", "low"]
+    assert (high.calls, low.calls) == (1, 0)  # ... but high is first in line
+    assert not limiter.try_acquire(low_needs, low, low.ready)  # low may not jump the line
+    assert limiter.try_acquire(high_needs, high, high.ready)
+    calls = low.calls
+    limiter.release(high_needs)
+    assert low.calls == calls + 1  # the unit is back: low, now first in line, is told
+    assert limiter.try_acquire(low_needs, low, low.ready)

@@ -13,7 +13,9 @@ import pytest
 from naiad.errors import InvalidArgument
 from naiad.scheduling.base import Job
 from naiad.scheduling.sequence import Control, SequenceBatcher, SequenceSettings, State
+from naiad.scheduling.timers import Timers
 from naiad.types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
+from scheduling.workers import threads
 
 MS = 1_000_000
 CONTROLS = (
@@ -118,7 +120,8 @@ def dropped() -> list[tuple[Job, Exception | None]]:
 
 
 def _batcher(runners: list[Any], dropped: list, **changes: Any) -> SequenceBatcher:
-    batcher = SequenceBatcher(runners, _settings(**changes), lambda job, error: dropped.append((job, error)))
+    batcher = SequenceBatcher(threads(*runners), _settings(**changes), lambda job, error: dropped.append((job, error)),
+                              Timers())
     batcher.start()
     return batcher
 
@@ -383,8 +386,11 @@ def test_a_backlog_sequence_past_its_timeout_is_rejected(dropped: list) -> None:
 def test_stop_waits_for_answers_from_an_instance_that_answers_later(dropped: list) -> None:
     """Like a Python model: the runner returns at once and answers from its own thread."""
     client = Client()
+    running = threading.Event()
 
     def later(jobs: list[Job]) -> None:
+        running.set()
+
         def answer() -> None:
             time.sleep(0.1)
             for job in jobs:
@@ -395,7 +401,7 @@ def test_stop_waits_for_answers_from_an_instance_that_answers_later(dropped: lis
     batcher = _batcher([later], dropped, max_batch_size=1, slots=1, states=(), controls=())
     batcher.submit(client.job("a", 1, start=True))
     batcher.submit(client.job("b", 2, start=True))  # the backlog: sequence 1 never ends
-    time.sleep(0.02)
+    assert running.wait(5)  # "a" is with the instance, which will answer it later
     finished = threading.Event()
     threading.Thread(target=lambda: (batcher.stop(), finished.set())).start()
     assert finished.wait(5), "stop() hung"

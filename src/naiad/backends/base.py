@@ -1,30 +1,47 @@
 """The backend contract: backend → model → instance, as in Triton.
 
-A `Model` holds what its instances share (the loaded file, the completed config); the core
-asks it for one `ModelInstance` per instance-group slot and runs each instance on its own
-thread. `ModelInstance.execute` receives a `Batch` and returns one result per request: a dict
-of output arrays, or an exception for that request alone. Raising from `execute` means the
-instance itself is broken: every request in the batch fails.
+A `Model` holds what its instances share (the loaded file, the completed config); the core asks
+it for one `ModelInstance` per instance-group slot. Every instance runs batches through ONE
+non-blocking contract, `submit(batch, sender) -> bool`, and answers through the `BatchSender`
+it is given:
+
+* `submit` returns at once. True: the instance took the batch. False: it cannot start it now
+  (a model process restarting, an engine that is full) and took nothing; it then calls the
+  room callback (`set_on_room`) once it can. It never raises for a request's own problem: that
+  request is answered with its error. The scheduler decides when to submit (a request is
+  queued, under the model's queue policy, until its batch is submitted); instances that can
+  hold several batches at once (a model process's pipe) say how many with `depth`.
+* For each batch it took, the instance calls `sender.executed(times)` exactly once, when the
+  model is done executing it (before it sends the responses `execute` returned, so statistics
+  are in place when a client sees its answer), and `sender.send(index, result, final)` for each
+  request: any number of responses for decoupled models, exactly one otherwise, the last with
+  `final=True`. Sends may come from any thread; `executed` may come before `submit` returns.
+* An instance that dies answers every open request with an error (`sender.close_open`) and
+  still calls `executed` for each batch it held.
+
+Framework backends whose `execute(batch)` blocks get the contract from `ThreadedInstance`
+(backends/threaded.py): one thread per instance runs their `execute` (or `execute_decoupled`).
+The Python backend (model processes), the LLM engine and ensembles implement `submit` directly.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.observability.custom_metrics import CustomMetrics
 from naiad.observability.metrics import MetricRow
 from naiad.types import InferRequest, InferResponse
 
 Outputs = dict[str, np.ndarray]
 RequestResult = Outputs | Exception
-#: send(request index in the batch, outputs / error / None for a flags-only response, final)
-ResponseSender = Callable[[int, Outputs | Exception | None, bool], None]
 
 
 class ParameterizedOutputs(dict[str, np.ndarray]):
@@ -53,6 +70,11 @@ class Host(Protocol):
 
     def backend_config(self, backend: str) -> Mapping[str, str]:
         """--backend-config settings for `backend`."""
+        ...
+
+    def custom_metrics(self) -> CustomMetrics:
+        """The server-wide registry of the metric families models create, printed on /metrics
+        as the models declared them (Triton's TRITONSERVER_Metric* API)."""
         ...
 
     def call_soon(self, callback: Callable[[], None]) -> bool:
@@ -96,7 +118,7 @@ class Batch:
     outputs back into per-request slices.
     """
 
-    __slots__ = ("_inputs", "batched", "is_cancelled", "layout", "requests", "sizes")
+    __slots__ = ("_inputs", "batched", "is_cancelled", "layout", "requests", "sizes", "split_ns")
 
     def __init__(self, requests: list[InferRequest], batched: bool, layout: RaggedLayout | None = None,
                  is_cancelled: Callable[[int], bool] = never_cancelled) -> None:
@@ -106,6 +128,7 @@ class Batch:
         self.is_cancelled = is_cancelled  # whether the client of request i went away
         self.sizes = [_batch_size(r) for r in requests] if batched else [1] * len(requests)
         self._inputs: dict[str, np.ndarray] | None = None
+        self.split_ns = 0  # time spent splitting outputs per request: the backend's compute_output
 
     @property
     def size(self) -> int:
@@ -139,21 +162,26 @@ class Batch:
         return arrays
 
     def split(self, outputs: Mapping[str, np.ndarray]) -> list[Outputs]:
-        """Slice each output back per request along dim 0 (views, no copies)."""
+        """Slice each output back per request along dim 0 (views, no copies); its time is the
+        batch's compute_output."""
+        began = time.monotonic_ns()
         if len(self.requests) == 1:
-            return [dict(outputs)]
-        results: list[Outputs] = [{} for _ in self.requests]
-        for name, array in outputs.items():
-            start = 0
-            for i, size in enumerate(self.sizes):
-                results[i][name] = array[start : start + size]
-                start += size
+            results = [dict(outputs)]
+        else:
+            results = [{} for _ in self.requests]
+            for name, array in outputs.items():
+                start = 0
+                for i, size in enumerate(self.sizes):
+                    results[i][name] = array[start : start + size]
+                    start += size
+        self.split_ns += time.monotonic_ns() - began
         return results
 
 
 def _describe(spec: BatchInput, parts: list[np.ndarray]) -> np.ndarray:
     """The batch-input tensor of `spec.kind` for the source input's per-request arrays."""
     counts = np.array([p.size for p in parts], dtype=np.int64)
+    values: np.ndarray
     if spec.kind == "BATCH_ELEMENT_COUNT":
         values = counts
     elif spec.kind == "BATCH_ACCUMULATED_ELEMENT_COUNT":
@@ -175,39 +203,56 @@ def _batch_size(request: InferRequest) -> int:
     return request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 1
 
 
-class ModelInstance(ABC):
-    """One execution context of a model; `execute` is only ever called from one thread at a time."""
+class ExecutionTimes(NamedTuple):
+    """When one batch's execution started and passed each phase (time.monotonic_ns(), the
+    same clock in every process): compute_input ends at `input_end_ns` (inputs gathered),
+    compute_infer at `infer_end_ns` (the model's execute returned), compute_output at `end_ns`
+    (outputs ready for the responses)."""
 
-    #: whether the core concatenates a batch's inputs before `execute` (off for backends that
-    #: hand each request to the model separately, like Python models)
-    gathers_inputs: bool = True
-    #: instances that run batches elsewhere (a model process) and answer from their own thread:
-    #: the core calls `start` instead of `execute` / `execute_decoupled`
-    answers_later: bool = False
+    start_ns: int
+    input_end_ns: int
+    infer_end_ns: int
+    end_ns: int
+
+    @classmethod
+    def instant(cls, at_ns: int) -> ExecutionTimes:
+        """An execution with no time of its own (an ensemble's, an engine that only queued it)."""
+        return cls(at_ns, at_ns, at_ns, at_ns)
+
+
+class BatchSender(ABC):
+    """Where an instance answers the requests of one batch it took (implemented by the core)."""
+
+    @abstractmethod
+    def send(self, index: int, result: Outputs | Exception | None, final: bool) -> None:
+        """Answer request `index` of the batch: outputs, an error for that request alone, or
+        None for a flags-only response (decoupled models)."""
+
+    @abstractmethod
+    def executed(self, times: ExecutionTimes) -> None:
+        """The model is done executing the batch (exactly once per batch)."""
+
+    @abstractmethod
+    def close_open(self, error: Exception | None) -> None:
+        """Answer every request still open: with `error`, or an empty final response."""
+
+
+class ModelInstance(ABC):
+    """One execution context of a model: see the module docstring for the contract."""
+
+    #: batches the instance may hold at once (the default scheduler keeps up to this many on it;
+    #: batching schedulers give it one at a time)
+    depth: int = 1
     #: the `reason` label of nv_inference_request_failure for a request that ran and failed
     failure_reason: str = "BACKEND"
 
     @abstractmethod
-    def execute(self, batch: Batch) -> list[RequestResult]:
-        """Run the batch; return one result per request, in order."""
+    def submit(self, batch: Batch, sender: BatchSender) -> bool:
+        """Start executing `batch` without blocking; False (taking nothing) when it cannot now."""
 
-    def execute_decoupled(self, batch: Batch, send: ResponseSender) -> None:
-        """Decoupled models (model_transaction_policy.decoupled) answer through `send`: any number
-        of responses per request, the last one with final=True. A request left without its final
-        response when this returns is closed with an empty final response."""
-        raise NotImplementedError(f"{type(self).__name__} does not support decoupled models")
-
-    def start(self, batch: Batch, send: ResponseSender, executed: Callable[[], None], blocking: bool = True) -> bool:
-        """Instances that answer later: hand the batch over and return. When the instance has no
-        room, wait for it (`blocking`) or return False at once, taking nothing. Answer each
-        request through `send`, from any thread (other models: exactly one final response each),
-        and call `executed` once the model's execute returned (the instance's time for the batch)."""
-        raise NotImplementedError(f"{type(self).__name__} does not answer later")
-
-    def set_on_room(self, callback: Callable[[], None]) -> None:
-        """Instances that answer later: call `callback` (from any thread, holding no lock)
-        whenever room frees up after `start(..., blocking=False)` returned False."""
-        raise NotImplementedError(f"{type(self).__name__} does not answer later")
+    def set_on_room(self, callback: Callable[[], None]) -> None:  # noqa: B027 - optional hook
+        """`callback` (from any thread, holding no lock) once the instance can take batches again
+        after `submit` returned False. Instances that never refuse need not keep it."""
 
     def is_ready(self) -> bool:
         """Whether the instance can serve (model-ready endpoints ask; must not block)."""

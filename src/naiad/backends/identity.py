@@ -8,10 +8,12 @@ for tests of scheduling and for measuring the server without any framework cost.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, Model, ModelInstance, RequestResult
+from naiad.backends.threaded import ThreadedInstance
 from naiad.errors import InvalidArgument
 
 
@@ -31,12 +33,12 @@ class IdentityModel(Model):
         return IdentityInstance(pairs, delay_s)
 
 
-class IdentityInstance(ModelInstance):
+class IdentityInstance(ThreadedInstance):
     def __init__(self, pairs: list[tuple[str, str]], delay_s: float) -> None:
         self.pairs = pairs
         self.delay_s = delay_s
 
-    def execute(self, batch: Batch) -> list[RequestResult]:
+    def execute(self, batch: Batch) -> Sequence[RequestResult]:
         if self.delay_s:
             time.sleep(self.delay_s)
         inputs = batch.inputs()

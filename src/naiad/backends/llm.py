@@ -28,7 +28,7 @@ Config parameters: `model` (a Hugging Face directory, a `.gguf` file, a path rel
 version directory, or "bundled:smollm2"), the engine's settings by their EngineConfig names
 (`ENGINE_PARAMETERS`: dtype, device, kv_cache_memory or kv_cache_fraction, max_num_seqs, ...),
 and `engine_process` (default true). Each instance owns one engine core, in a process of its
-own (`naiad.llm.engine_core`) unless `engine_process` is false (then on a thread); a core that
+own (`naiad.llm.engine.engine_core`) unless `engine_process` is false (then on a thread); a core that
 dies fails its open requests, and the instance is not ready (requests get a 503 saying why)
 until `llm_supervisor` has started a new one: `engine_restart_limit` attempts in a row at most
 (default 5; 0: never), the first after `engine_restart_backoff` seconds (default 1), doubling.
@@ -48,16 +48,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import Batch, Model, ModelInstance, Outputs, RequestResult, ResponseSender
+from naiad.backends.base import Batch, BatchSender, ExecutionTimes, Model, ModelInstance, Outputs
 from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters
 from naiad.backends.llm_supervisor import EngineSupervisor, RestartPolicy
 from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError, Unavailable
-from naiad.llm import gguf
-from naiad.llm.engine import EngineConfig
-from naiad.llm.engine_core import (
+from naiad.llm.engine.engine_core import (
     AddRequest,
     CoreMessage,
     EngineFailed,
@@ -66,9 +63,11 @@ from naiad.llm.engine_core import (
     RequestRejected,
     StepOutputs,
 )
-from naiad.llm.sampling_params import SamplingParams
-from naiad.llm.sequence import FinishReason, TokenLogprobs
-from naiad.llm.tokenizer import IncrementalDetokenizer, Tokenizer
+from naiad.llm.engine.llm_engine import EngineConfig
+from naiad.llm.engine.sampling_params import SamplingParams
+from naiad.llm.engine.sequence import FinishReason, TokenLogprobs
+from naiad.llm.loading import gguf
+from naiad.llm.loading.tokenizer import IncrementalDetokenizer, Tokenizer
 from naiad.observability.metrics import MetricRow
 from naiad.observability.statistics import Histogram
 from naiad.types import InferRequest, RequestedOutput
@@ -192,7 +191,7 @@ def _parameter(name: str, text: str, kind: type) -> Any:
 
 def load_tokenizer(model: Path) -> Tokenizer:
     """The tokenizer that comes with the engine's model (GGUF metadata or tokenizer.json)."""
-    return Tokenizer.from_gguf(GGUFReader(model)) if gguf.is_gguf(model) else Tokenizer.from_dir(model)
+    return Tokenizer.from_gguf(gguf.open_gguf(model)) if gguf.is_gguf(model) else Tokenizer.from_dir(model)
 
 
 @dataclass(slots=True)
@@ -289,14 +288,11 @@ def _histogram_row(name: str, doc: str, histogram: Histogram, labels: tuple[tupl
 class LLMInstance(ModelInstance):
     """One engine core (its own process unless `engine_process` is False) and its client.
 
-    It answers later (`start`): the core hands requests over and returns at once, and the
-    client's reader thread sends every response as the engine core's step outputs arrive. A
-    plain `execute_decoupled` would not do, as the core closes requests still open when it
-    returns.
+    `submit` hands requests over and returns at once, and the client's reader thread sends
+    every response as the engine core's step outputs arrive.
     """
 
-    answers_later = True
-    gathers_inputs = False
+    depth = 1 << 30  # the engine core queues what does not fit in a step
 
     def __init__(self, config: EngineConfig, model_name: str, output_names: set[str] | None = None,
                  engine_process: bool = True, instance_label: str = "0",
@@ -316,18 +312,22 @@ class LLMInstance(ModelInstance):
             raise InvalidArgument(f"model '{model_name}': {error}") from None
         self.max_model_len = self.engine.info.max_model_len  # a restarted core has the same config
 
-    def execute(self, batch: Batch) -> list[RequestResult]:
-        raise InvalidArgument("the llm backend only serves decoupled models")
-
-    def start(self, batch: Batch, send: ResponseSender, executed: Callable[[], None], blocking: bool = True) -> bool:
+    def submit(self, batch: Batch, sender: BatchSender) -> bool:
         """Validate each request and hand it to the engine core; there is always room (the
-        engine's scheduler queues what does not fit in a step)."""
+        engine's scheduler queues what does not fit in a step). The batch's execution is that
+        hand-over (parsing and tokenizing the prompts is its compute_input): the tokens stream
+        back from the engine core's reader thread."""
+        start = time.monotonic_ns()
+        parsing_ns = 0
         for index, request in enumerate(batch.requests):
+            began = time.monotonic_ns()
             try:
-                parsed = self._parse(request, _sender(send, index), _canceller(batch, index))
+                parsed = self._parse(request, _sender(sender, index), _canceller(batch, index))
             except NaiadError as error:
-                send(index, error, True)
+                sender.send(index, error, True)
                 continue
+            finally:
+                parsing_ns += time.monotonic_ns() - began
             parsed.seq_id = f"llm-{next(self._ids)}"
             parsed.arrival = time.monotonic()
             self.metrics_state.add_prompt(len(parsed.prompt))
@@ -339,12 +339,10 @@ class LLMInstance(ModelInstance):
             except RuntimeError as error:  # no core now (restarting, or given up): a client may retry
                 with self._lock:
                     self._active.pop(parsed.seq_id, None)
-                send(index, Unavailable(f"model '{self.model_name}' is not ready: {error}"), True)
-        executed()
+                sender.send(index, Unavailable(f"model '{self.model_name}' is not ready: {error}"), True)
+        end = time.monotonic_ns()
+        sender.executed(ExecutionTimes(start, start + parsing_ns, end, end))
         return True
-
-    def set_on_room(self, callback: Callable[[], None]) -> None:
-        """Never called back: `start` always takes its batch."""
 
     def is_ready(self) -> bool:
         return self.engine.is_ready()
@@ -501,7 +499,7 @@ class LLMInstance(ModelInstance):
         if output.new_logprobs is not None and LOGPROBS in request.returns:
             request.logprobs.extend(self._logprobs_json(new, output.new_logprobs))
         request.sent_tokens += len(new)
-        reason = FinishReason(output.finish_reason) if done else None
+        reason = FinishReason(output.finish_reason) if done and output.finish_reason is not None else None
         if reason is FinishReason.STOP and new:
             new = new[:-1]  # the end-of-sequence or stop token has no text (as vLLM)
         pieces = [request.detokenizer.push(token) for token in new]
@@ -560,8 +558,8 @@ def _text(text: str) -> Outputs:
     return {TEXT_OUTPUT: np.array([text.encode("utf-8")], dtype=object)}
 
 
-def _sender(send: ResponseSender, index: int) -> Send:
-    return lambda result, final: send(index, result, final)
+def _sender(sender: BatchSender, index: int) -> Send:
+    return lambda result, final: sender.send(index, result, final)
 
 
 def _canceller(batch: Batch, index: int) -> Callable[[], bool]:

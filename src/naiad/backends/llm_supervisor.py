@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from naiad.llm.engine import EngineConfig
-from naiad.llm.engine_core import AddRequest, CoreMessage, EngineClient, EngineInfo
+from naiad.llm.engine.engine_core import AddRequest, CoreMessage, EngineClient, EngineInfo
+from naiad.llm.engine.llm_engine import EngineConfig
 
 log = logging.getLogger(__name__)
 

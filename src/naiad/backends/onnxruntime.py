@@ -9,7 +9,7 @@ fp16 / int8 model variants) is in `onnxruntime_precision`.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, Model, ModelInstance, RequestResult
 from naiad.backends.onnxruntime_precision import model_precision, precision_variant, tensorrt_options
+from naiad.backends.threaded import ThreadedInstance
 from naiad.config.autocomplete import complete_io_from_model, model_file_path
 from naiad.errors import InvalidArgument, NaiadError, Unavailable
 from naiad.types import DataType
@@ -100,7 +101,7 @@ class OnnxRuntimeModel(Model):
                                   f"'{self.config.name}': {error}") from error
 
 
-class OnnxRuntimeInstance(ModelInstance):
+class OnnxRuntimeInstance(ThreadedInstance):
     def __init__(self, path: Path, config: mc.ModelConfig, group: mc.ModelInstanceGroup, index: int) -> None:
         options = self._session_options(config)
         providers = self._providers(config, group, index)
@@ -146,7 +147,7 @@ class OnnxRuntimeInstance(ModelInstance):
         providers.append("CPUExecutionProvider")
         return providers
 
-    def execute(self, batch: Batch) -> list[RequestResult]:
+    def execute(self, batch: Batch) -> Sequence[RequestResult]:
         try:
             feeds = {name: self._feed(name, array) for name, array in batch.inputs().items()}
         except InvalidArgument as error:  # bad request data, not a broken instance

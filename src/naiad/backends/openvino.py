@@ -27,6 +27,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, Model, ModelInstance, RequestResult
 from naiad.backends.openvino_options import OpenVinoOptions, parse_options
+from naiad.backends.threaded import ThreadedInstance
 from naiad.config.autocomplete import complete_io_from_model, model_file_path
 from naiad.errors import InvalidArgument, Unavailable
 from naiad.types import DataType
@@ -129,14 +130,14 @@ class _Plan:
     pad: bool = False
 
 
-class OpenVinoInstance(ModelInstance):
+class OpenVinoInstance(ThreadedInstance):
     def __init__(self, compiled: ov.CompiledModel, plan: _Plan, narrowed: dict[int, tuple[int, int]]) -> None:
         self.compiled = compiled
         self.plan = plan
         self.narrowed = narrowed
         self.request = compiled.create_infer_request()
 
-    def execute(self, batch: Batch) -> list[RequestResult]:
+    def execute(self, batch: Batch) -> Sequence[RequestResult]:
         plan = self.plan
         try:
             feeds = {plan.input_index[name]: self._feed(name, array) for name, array in batch.inputs().items()}
@@ -176,6 +177,7 @@ class OpenVinoInstance(ModelInstance):
         return array
 
     def close(self) -> None:
+        super().close()  # the instance's thread ends (its last batch done) before the request goes
         del self.request  # its buffers go now, not whenever the instance object does
 
 

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from naiad.backends.base import Batch, Model, ModelInstance, RequestResult
 from naiad.backends.pytorch_naming import INDEXED, Argument, bind_inputs, bind_outputs, flatten_result
 from naiad.backends.pytorch_safe_load import load_exported_safely
 from naiad.backends.pytorch_settings import Settings, apply_inter_op_threads, parse_settings
+from naiad.backends.threaded import ThreadedInstance
 from naiad.config.autocomplete import ModelTensor, complete_io_from_model, model_file_path
 from naiad.errors import InternalError, InvalidArgument, Unavailable
 from naiad.types import DataType
@@ -124,7 +125,7 @@ def _reason(error: BaseException) -> str:
 
 def torchscript_arguments(module: torch.jit.ScriptModule) -> list[Argument]:
     """forward()'s arguments after self; refuses types the backend cannot feed."""
-    schema_args = module.forward.schema.arguments[1:]
+    schema_args = module.forward.schema.arguments[1:]  # type: ignore[attr-defined]  # a ScriptMethod
     if len(schema_args) == 1 and str(schema_args[0].type) == "Dict[str, Tensor]":
         # Triton's other form: one dict argument, keyed by the config's input names
         return [Argument(schema_args[0].name, "dict")]
@@ -252,7 +253,7 @@ def instance_device(group: mc.ModelInstanceGroup, index: int) -> torch.device | 
     return torch.device("cuda", gpu)
 
 
-class PyTorchInstance(ModelInstance):
+class PyTorchInstance(ThreadedInstance):
     def __init__(self, path: Path, config: mc.ModelConfig, settings: Settings, group: mc.ModelInstanceGroup,
                  index: int) -> None:
         self.settings = settings
@@ -281,9 +282,9 @@ class PyTorchInstance(ModelInstance):
         self.output_types = [DataType.from_config(mc.DataType.Name(t.data_type)) for t in config.output]
         self.output_positions: list[int] | None = None  # bound on the first result (its structure)
         self.model_name = config.name
-        self._thread: int | None = None
+        self._threads_set_on: int | None = None  # the thread whose intra-op thread count is set
 
-    def execute(self, batch: Batch) -> list[RequestResult]:
+    def execute(self, batch: Batch) -> Sequence[RequestResult]:
         count = len(batch.requests)
         arrays = batch.inputs()
         try:
@@ -309,9 +310,9 @@ class PyTorchInstance(ModelInstance):
     def _mode(self) -> Iterator[None]:
         # The intra-op thread count of torch's OpenMP pool is kept per calling thread, so each
         # instance sets its own on the thread that runs it (and again if that thread changes).
-        if self._thread != threading.get_ident():
+        if self._threads_set_on != threading.get_ident():
             torch.set_num_threads(self.settings.intra_op_threads)
-            self._thread = threading.get_ident()
+            self._threads_set_on = threading.get_ident()
         grad = torch.inference_mode() if self.settings.inference_mode else torch.no_grad()
         with grad:
             if self.torchscript:
@@ -365,6 +366,7 @@ class PyTorchInstance(ModelInstance):
         return outputs
 
     def close(self) -> None:
+        super().close()  # the instance's thread ends (its last batch done) before the module goes
         self.module = None
         if self.input_device.type == "cuda":
             torch.cuda.empty_cache()

@@ -9,11 +9,13 @@ generate_stream) without a framework; a zero-length IN gives only the final resp
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import Batch, Model, ModelInstance, RequestResult, ResponseSender
+from naiad.backends.base import Batch, Model, ModelInstance, RequestResult
+from naiad.backends.threaded import Send, ThreadedInstance
 from naiad.errors import InvalidArgument
 
 
@@ -27,11 +29,13 @@ class RepeatModel(Model):
         return RepeatInstance()
 
 
-class RepeatInstance(ModelInstance):
-    def execute(self, batch: Batch) -> list[RequestResult]:
+class RepeatInstance(ThreadedInstance):
+    decoupled = True
+
+    def execute(self, batch: Batch) -> Sequence[RequestResult]:
         raise InvalidArgument("the repeat backend only serves decoupled models")
 
-    def execute_decoupled(self, batch: Batch, send: ResponseSender) -> None:
+    def execute_decoupled(self, batch: Batch, send: Send) -> None:
         for index, request in enumerate(batch.requests):
             inputs = {tensor.name: tensor.data for tensor in request.inputs}
             values = inputs["IN"].reshape(-1)

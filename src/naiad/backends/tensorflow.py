@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, Model, ModelInstance, RequestResult
+from naiad.backends.threaded import ThreadedInstance
 from naiad.config.autocomplete import ModelTensor, complete_io_from_model, model_file_path
 from naiad.errors import InvalidArgument, Unavailable, Unsupported
 from naiad.types import DataType
@@ -327,7 +328,7 @@ def _device(group: mc.ModelInstanceGroup, index: int) -> str:
     return f"/GPU:{gpu}"
 
 
-class TensorFlowInstance(ModelInstance):
+class TensorFlowInstance(ThreadedInstance):
     def __init__(self, model: TensorFlowModel, device: str) -> None:
         self.tf = import_tensorflow()
         self.function = model.function
@@ -338,7 +339,7 @@ class TensorFlowInstance(ModelInstance):
         # Only the outputs the config lists are fetched (Triton ignores the signature's others).
         self.outputs = [(o.name, tuple(o.dims) if o.HasField("reshape") else None) for o in config.output]
 
-    def execute(self, batch: Batch) -> list[RequestResult]:
+    def execute(self, batch: Batch) -> Sequence[RequestResult]:
         tf = self.tf
         try:
             feeds = {name: self._feed(name, array) for name, array in batch.inputs().items()}

@@ -12,7 +12,7 @@ rest of the repository serves.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, Model, ModelInstance, RequestResult
+from naiad.backends.threaded import ThreadedInstance
 from naiad.errors import InvalidArgument, Unavailable
 from naiad.types import DataType
 
@@ -129,7 +130,7 @@ def _check_config_matches(config: mc.ModelConfig, engine: Any, trt: Any) -> None
                                       f"engine but {mc.DataType.Name(spec.data_type)} in the config")
 
 
-class TensorRTInstance(ModelInstance):
+class TensorRTInstance(ThreadedInstance):
     def __init__(self, trt: Any, torch: Any, engine: Any, device: int, profiles: list[int]) -> None:
         self.trt, self.torch = trt, torch
         self.engine = engine
@@ -157,7 +158,7 @@ class TensorRTInstance(ModelInstance):
         raise InvalidArgument(f"input shapes {shapes} fit none of the engine's optimization profiles "
                               f"{self.profiles}")
 
-    def execute(self, batch: Batch) -> list[RequestResult]:
+    def execute(self, batch: Batch) -> Sequence[RequestResult]:
         torch = self.torch
         arrays = batch.inputs()
         missing = [n for n in self.inputs if n not in arrays]

@@ -382,4 +382,4 @@ def _fill_dims(io: pb.ModelInput | pb.ModelOutput, shape: tuple[int, ...], batch
 
 
 def _config_type(datatype: DataType) -> int:
-    return pb.DataType.Value(datatype.config_name)
+    return int(pb.DataType.Value(datatype.config_name))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2
 from naiad.errors import InvalidArgument
 from naiad.types import DataType, TensorSpec
 
-ModelConfig = model_config_pb2.ModelConfig
+ModelConfig: TypeAlias = model_config_pb2.ModelConfig  # tritonclient ships no stubs: Any to mypy
 
 CONFIG_FILENAME = "config.pbtxt"
 CUSTOM_CONFIG_DIR = "configs"
@@ -118,7 +118,7 @@ def _is_repeated(field: FieldDescriptor) -> bool:
     # `label` is deprecated in protobuf 6; `is_repeated` does not exist in older releases.
     is_repeated = getattr(field, "is_repeated", None)
     if is_repeated is None:
-        return field.label == FieldDescriptor.LABEL_REPEATED
+        return bool(field.label == FieldDescriptor.LABEL_REPEATED)
     return bool(is_repeated)
 
 
@@ -146,7 +146,7 @@ def config_from_json(value: str | bytes | dict[str, Any]) -> ModelConfig:
 
 def config_to_pbtxt(config: ModelConfig) -> str:
     """Text-format config.pbtxt that parses back to an equal message."""
-    return text_format.MessageToString(config)
+    return str(text_format.MessageToString(config))
 
 
 def tensor_specs(config: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:

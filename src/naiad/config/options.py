@@ -34,6 +34,25 @@ class GrpcOptions:
     # balancer; its open calls then get the grace before it is closed. 0 = no limit (each)
     max_connection_age_ms: int = 0
     max_connection_age_grace_ms: int = 0
+    # Hostile clients (docs/reliability.md, "Hostile clients"); naiad's own transport unless said.
+    # SETTINGS_MAX_CONCURRENT_STREAMS: streams past it are refused (nginx 128; grpcio gets it too)
+    max_concurrent_streams: int = 128
+    # gRPC core's GRPC_ARG_MAX_CONNECTION_IDLE_MS: a connection without calls this long gets
+    # GOAWAY and is closed (grpcio gets it too); 0 = no limit
+    max_connection_idle_ms: int = 300_000
+    # a call whose response makes no progress for this long (the client reads nothing, or opens
+    # no window) is reset (nginx's send_timeout); 0 = no limit
+    send_timeout_secs: float = 60.0
+    # response bytes one connection may hold unsent (flow control or a full socket): a response
+    # arriving past it fails with RESOURCE_EXHAUSTED instead of being kept
+    max_unsent_bytes: int = 64 << 20
+    # floods: frames of each kind a connection may send per second, with bursts of ten seconds'
+    # worth; past it, GOAWAY ENHANCE_YOUR_CALM. Resets count the client's RST_STREAMs of live
+    # streams and the streams refused (CVE-2023-44487); control frames count those that ask for
+    # nothing (PRIORITY, idle WINDOW_UPDATEs, empty DATA / CONTINUATION, unsolicited PING ACKs...)
+    max_resets_per_sec: int = 100
+    max_settings_per_sec: int = 10
+    max_control_frames_per_sec: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +93,14 @@ class ServerOptions:
     # naiad's own: after this many responses a keep-alive connection is closed (Connection: close)
     # so clients reconnect and spread over replicas; 0 = no limit
     http_max_requests_per_connection: int = 0
+    console: bool = True  # naiad's own: the web console at / on the HTTP port (--console)
+    # naiad's own (nginx's keepalive_timeout): a keep-alive connection with no request for this
+    # long is closed; 0 = no limit
+    http_idle_timeout_secs: float = 75.0
+    # naiad's own (nginx's worker_connections): HTTP and gRPC connections open at once; at the
+    # limit the longest-idle connection makes room, else the newcomer is refused (HTTP 503,
+    # gRPC GOAWAY) and closed. Capped by the open-file limit; 0 = no limit
+    max_connections: int = 4096
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001

@@ -8,6 +8,7 @@ style. Every message names the offending field.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Iterable
 from typing import Any
 
@@ -30,6 +31,9 @@ _KNOWN_BACKEND_PLATFORMS = {
     "pytorch": {"pytorch_libtorch", "torch_aoti"},
 }
 _CORRID_TYPES = {pb.TYPE_UINT64, pb.TYPE_INT64, pb.TYPE_UINT32, pb.TYPE_INT32, pb.TYPE_STRING}
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")  # Prometheus' rule for label names
+#: Labels the metrics page sets itself (observability/metrics.py): a metric tag may not take them.
+RESERVED_LABELS = ("model", "version", "reason", "le", "quantile")
 
 
 def validate_config(config: ModelConfig, model_name: str, *, gpus: Collection[int] | None = None) -> None:
@@ -49,6 +53,7 @@ def validate_config(config: ModelConfig, model_name: str, *, gpus: Collection[in
     _check_ensemble(config, name)
     _check_response_cache(config, name)
     _check_model_metrics(config)
+    _check_metric_tags(config, name)
     _check_io(config, name)
     _check_instance_groups(config, name, gpus)
     _check_warmup(config, name)
@@ -202,6 +207,18 @@ def _check_model_metrics(config: ModelConfig) -> None:
             raise InvalidArgument("metric control must specify 'histogram_options'")
         if not control.histogram_options.buckets:
             raise InvalidArgument("histogram options must specify non-empty 'buckets'")
+
+
+def _check_metric_tags(config: ModelConfig, name: str) -> None:
+    """Each tag becomes a label on every series of the model: a name Prometheus refuses, or one
+    the page sets itself, would break /metrics for every model."""
+    for key in config.metric_tags:
+        if not _LABEL_NAME.match(key) or key.startswith("__"):
+            raise InvalidArgument(f"model '{name}': metric_tags key '{key}' is not a valid Prometheus label name "
+                                  "(letters, digits and '_', not starting with a digit or '__')")
+        if key in RESERVED_LABELS:
+            raise InvalidArgument(f"model '{name}': metric_tags key '{key}' is reserved (the metrics page sets "
+                                  f"{', '.join(RESERVED_LABELS)} itself)")
 
 
 # --- ensembles -------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.core.responses import ResponseBuilder
 from naiad.observability.statistics import ModelStatistics
-from naiad.scheduling.base import Job, Sink
+from naiad.scheduling.base import Job, ResponseSink
 from naiad.types import InferRequest, InferResponse, Tensor
 
 #: Request parameters that steer scheduling or the wire format, never the outputs: requests that
@@ -46,7 +46,7 @@ _generations = itertools.count(1)
 def serves(config: mc.ModelConfig) -> bool:
     """Whether a model's config asks for the cache; the server must have one too. Top-level
     ensemble requests are never cached (Triton caches only their composing models)."""
-    return config.response_cache.enable and config.platform != _ENSEMBLE
+    return bool(config.response_cache.enable and config.platform != _ENSEMBLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,14 +218,26 @@ class ModelCache:
         return InferResponse(self.builder.model_name, self.builder.version, request.id, tensors,
                              dict(entry.parameters))
 
-    def _storing(self, sink: Sink, key: bytes, lookup_ns: int) -> Sink:
-        """`sink`, storing the final response first when it succeeded (failures are not cached)."""
+    def _storing(self, sink: ResponseSink, key: bytes, lookup_ns: int) -> ResponseSink:
+        return _StoringSink(self, sink, key, lookup_ns)
 
-        def store(response: InferResponse) -> None:
-            if response.final and response.error is None:
-                start = time.monotonic_ns()
-                self.store.insert(key, CachedResponse.of(response))
-                self.stats.record_cache_miss(lookup_ns, time.monotonic_ns() - start)
-            sink(response)
 
-        return store
+class _StoringSink:
+    """A job's sink that stores its final response in the cache first when it succeeded
+    (failures are not cached)."""
+
+    __slots__ = ("cache", "key", "lookup_ns", "sink")
+
+    def __init__(self, cache: ModelCache, sink: ResponseSink, key: bytes, lookup_ns: int) -> None:
+        self.cache = cache
+        self.sink = sink
+        self.key = key
+        self.lookup_ns = lookup_ns
+
+    def __call__(self, response: InferResponse) -> None:
+        if response.final and response.error is None:
+            cache = self.cache
+            start = time.monotonic_ns()
+            cache.store.insert(self.key, CachedResponse.of(response))
+            cache.stats.record_cache_miss(self.lookup_ns, time.monotonic_ns() - start)
+        self.sink(response)

@@ -8,15 +8,17 @@ request. The ensemble's own statistics cover the whole run.
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import Batch, Model, ModelInstance, RequestResult, ResponseSender
+from naiad.backends.base import Batch, BatchSender, ExecutionTimes, Model, ModelInstance, Outputs
 from naiad.errors import InvalidArgument, Unavailable
-from naiad.scheduling.base import Sink
+from naiad.scheduling.base import ResponseSink
 from naiad.scheduling.ensemble import EnsemblePlan, EnsembleRun
 from naiad.types import InferRequest
 
@@ -35,44 +37,42 @@ class EnsembleModel(Model):
 
 
 class EnsembleInstance(ModelInstance):
-    answers_later = True
-    gathers_inputs = False
+    """Runs each request's steps through the server; it always has room (its steps queue at
+    their own models), and a batch's "execution" is the whole run of its steps."""
+
+    depth = 1 << 30
     failure_reason = "OTHER"  # as Triton counts a failed ensemble (its step counts its own reason)
 
     def __init__(self, model: EnsembleModel) -> None:
         self.model = model
 
-    def execute(self, batch: Batch) -> list[RequestResult]:
-        raise NotImplementedError("ensembles answer later (start)")
-
-    def start(self, batch: Batch, send: ResponseSender, executed: Callable[[], None], blocking: bool = True) -> bool:
+    def submit(self, batch: Batch, sender: BatchSender) -> bool:
         host = self.model.host
         if host is None:
             raise Unavailable(f"ensemble '{self.model.plan.name}' is not attached to a server")
+        started = time.monotonic_ns()
         remaining = [len(batch.requests)]
         lock = threading.Lock()
 
-        def submit(request: InferRequest, sink: Sink) -> Callable[[], None]:
+        def submit(request: InferRequest, sink: ResponseSink) -> Callable[[], None]:
             return host.submit(request, sink, decoupled=True)
 
         for index, request in enumerate(batch.requests):
 
-            def emit(result: object, final: bool, index: int = index) -> None:
-                send(index, result, final)  # type: ignore[arg-type]
+            def emit(result: Outputs | Exception | None, final: bool, index: int = index) -> None:
                 if final:
                     with lock:
                         remaining[0] -= 1
                         last = remaining[0] == 0
                     if last:
-                        executed()  # the batch's "execution" is the whole run of its steps
+                        now = time.monotonic_ns()
+                        sender.executed(ExecutionTimes(started, started, now, now))
+                sender.send(index, result, final)
 
             EnsembleRun(self.model.plan, request, submit, emit,
-                        is_cancelled=lambda index=index: batch.is_cancelled(index),
+                        is_cancelled=functools.partial(batch.is_cancelled, index),
                         on_child=_child_of(request)).start()
         return True
-
-    def set_on_room(self, callback: Callable[[], None]) -> None:
-        """An ensemble always has room: its steps queue at their own models."""
 
 
 def _child_of(parent: InferRequest) -> Callable[[InferRequest], None] | None:

@@ -131,7 +131,7 @@ def without_labels(config: mc.ModelConfig) -> mc.ModelConfig:
 
 
 def same_but_labels(a: mc.ModelConfig, b: mc.ModelConfig) -> bool:
-    return a == b or without_labels(a) == without_labels(b)
+    return bool(a == b or without_labels(a) == without_labels(b))
 
 
 def label_change(config_json: Any) -> dict[str, str] | None:

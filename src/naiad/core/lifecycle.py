@@ -1,4 +1,4 @@
-"""Model lifecycle: load, atomic reload, unload, poll, and the routing table requests use.
+"""Model lifecycle: load, atomic reload, unload, poll; it publishes what serves to the Router.
 
 Reloads are atomic: new versions load beside the serving ones, the routing table switches in
 one step, and only then do replaced versions drain and unload. A failed load leaves whatever
@@ -25,12 +25,15 @@ from naiad.core.cache import ResponseCache
 from naiad.core.ensemble import ENSEMBLE_PLATFORM, check_steps
 from naiad.core.labels import VersionLabels, same_but_labels, without_labels
 from naiad.core.loader import prepare_config, start_version
-from naiad.core.model import LoadedVersion
+from naiad.core.model import LoadedVersion, VersionServices
+from naiad.core.router import Router
 from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable
+from naiad.observability.statistics import LatencySettings
 from naiad.repository.catalog import Repositories
 from naiad.repository.local import Discovery, Fingerprint, ModelSource, fingerprint, select_versions, version_dirs
 from naiad.repository.remote import RepositoryUnavailable
 from naiad.scheduling.rate_limiter import RateLimiter
+from naiad.scheduling.timers import Timers
 
 log = logging.getLogger(__name__)
 
@@ -60,116 +63,45 @@ class ModelRecord:
 
 
 class ModelManager:
-    def __init__(self, options: ServerOptions) -> None:
+    """The model lifecycle: load / reload / unload, ensemble dependencies, polling and the index.
+
+    Over 25 methods for a reason: Triton's repository API is that many operations on one state
+    machine (records behind per-model locks); routing is the Router's, loading a version the
+    loader's, so what remains here is the state machine itself.
+    """
+
+    def __init__(self, options: ServerOptions, host: Host | None = None) -> None:
         self.options = options
-        self.rate_limiter = (
-            RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
+        self.host = host  # what backends call back into (the server)
+        self.services = VersionServices(
+            Timers(),
+            RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None,
+            # One cache for every model (Triton's local cache is shared too); models opt in.
+            ResponseCache(options.response_cache_bytes) if options.response_cache_bytes else None,
+            # Process-wide in Triton: one setting for every model's latency metrics.
+            LatencySettings.from_config(options.metrics_config),
         )
-        self.host: Host | None = None  # what backends call back into (set by the server)
-        # One cache for every model (Triton's local cache is shared too); models opt in.
-        self.response_cache = ResponseCache(options.response_cache_bytes) if options.response_cache_bytes else None
         self.repositories = Repositories(options.model_repositories)
         self._records: dict[str, ModelRecord] = {}
-        self._routes: dict[str, tuple[dict[int, LoadedVersion], LoadedVersion]] = {}
-        self._route_lock = threading.Lock()
-        # Only models with labels have an entry: the hot path of the others is one dict miss.
-        self._labels: dict[str, VersionLabels] = {}
+        self.router = Router()  # what serves: the lifecycle publishes to it, requests read it
         self._model_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
-    # -- routing (hot path) ------------------------------------------------------------------
-
-    def acquire(self, name: str, version: int | None) -> LoadedVersion:
-        """The version a request goes to, with an in-flight slot taken; release it when done."""
-        with self._route_lock:
-            loaded = self._route(name, version)
-            loaded.acquire()
-        return loaded
-
-    def acquire_routed(self, name: str, version: int | None, label: str | None,
-                       request_id: str) -> tuple[LoadedVersion, str | None]:
-        """`acquire` for a request that may name a label, or fall under the model's weighted
-        split: the version is resolved once, here, from the label table in force (a promotion
-        swaps the table; requests resolved before it finish where they started). Returns the
-        label that routed the request, if any."""
-        if label is None and name not in self._labels:
-            return self.acquire(name, version), None
-        with self._route_lock:
-            # One snapshot for both the split's choice and the resolution: a relabel between the
-            # two could otherwise drop the chosen label.
-            labels = self._labels.get(name)
-            if label is None:
-                if version is None and labels is not None:
-                    label = labels.choose(request_id)
-                if label is None:
-                    loaded = self._route(name, version)
-                    loaded.acquire()
-                    return loaded, None
-            loaded = self._labelled(name, label, version, labels)
-            loaded.acquire()
-        return loaded, label
-
-    def label_version(self, name: str, label: str, loaded_only: bool = False) -> int:
-        """The version `label` names for `name`; `loaded_only`: fail when it does not serve."""
-        with self._route_lock:
-            if not loaded_only:
-                return self._label_table(name, label, self._labels.get(name)).resolve(label)
-            return self._labelled(name, label, None, self._labels.get(name)).version
-
-    def labels(self, name: str) -> VersionLabels | None:
-        """The labels in force for a serving model (None when it has none)."""
-        if name not in self._routes:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
-        return self._labels.get(name)
-
-    def _label_table(self, name: str, label: str, labels: VersionLabels | None) -> VersionLabels:
-        if labels is None:
-            if name not in self._routes:
-                raise NotFound(f"Request for unknown model: '{name}' is not found")
-            raise InvalidArgument(f"label '{label}' is not defined for model '{name}'")
-        return labels
-
-    def _labelled(self, name: str, label: str, version: int | None, labels: VersionLabels | None) -> LoadedVersion:
-        """The serving version `label` names in `labels` (taken under the route lock)."""
-        if not isinstance(label, str):
-            raise InvalidArgument("the 'version_label' request parameter must be a string")
-        target = self._label_table(name, label, labels).resolve(label)
-        if version is not None and version != target:
-            raise InvalidArgument(f"model '{name}': version {version} was requested but label '{label}' "
-                                  f"names version {target}")
-        route = self._routes.get(name)
-        loaded = route[0].get(target) if route is not None else None
-        if loaded is None:
-            raise Unavailable(f"version {target} of model '{name}' (label '{label}') is not ready")
-        return loaded
+    # -- what serves (the Router holds it; these are conveniences for the server) -----------
 
     def get(self, name: str, version: int | None) -> LoadedVersion:
         """The serving version, for metadata and config (no slot taken)."""
-        with self._route_lock:
-            return self._route(name, version)
+        return self.router.get(name, version)
 
-    def _route(self, name: str, version: int | None) -> LoadedVersion:
-        route = self._routes.get(name)
-        if route is None:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
-        versions, default = route
-        if version is None:
-            return default
-        loaded = versions.get(version)
-        if loaded is None:
-            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
-        return loaded
+    def serving_versions(self, name: str) -> list[int]:
+        return self.router.versions(name)
+
+    def loaded(self) -> list[LoadedVersion]:
+        return self.router.loaded()
 
     def known_names(self) -> set[str]:
         """The models the repository has or had (loaded or not)."""
         return {entry["name"] for entry in self.index()}
-
-    def serving_versions(self, name: str) -> list[int]:
-        route = self._routes.get(name)
-        return sorted(route[0]) if route else []
-
-    def loaded(self) -> list[LoadedVersion]:
-        return [v for versions, _ in list(self._routes.values()) for v in versions.values()]
 
     # -- load / unload -----------------------------------------------------------------------
 
@@ -185,18 +117,25 @@ class ModelManager:
             if override is not None:
                 record.override = override
                 record.relabelled = None  # a new config brings its own labels
+            previous_files = record.files_dir
             model_dir, stamp = self._model_dir(record, files, found)
             try:
                 self._load_locked(record, model_dir, stamp)
+            except BaseException:
+                if files:  # nothing loads from the new directory: drop it; the previous one may still serve
+                    shutil.rmtree(model_dir, ignore_errors=True)
+                    record.files_dir = previous_files
+                raise
             finally:
                 self._prune(record)
+            if files and previous_files is not None and all(
+                    loaded.model_dir != previous_files for loaded in record.serving.values()):
+                shutil.rmtree(previous_files, ignore_errors=True)  # the versions it served are replaced
 
     def _model_dir(self, record: ModelRecord, files: dict[str, bytes] | None,
                    found: Discovery | None = None) -> tuple[Path, Fingerprint | None]:
         """The directory to load from and, for a repository model, its fingerprint before download."""
-        if files:
-            if record.files_dir is not None:
-                shutil.rmtree(record.files_dir, ignore_errors=True)
+        if files:  # a new directory; the previous one goes once this load has succeeded
             record.files_dir = _write_model_files(record.name, files)
             return record.files_dir, None
         if record.files_dir is not None:
@@ -247,7 +186,7 @@ class ModelManager:
             raise InvalidArgument(f"load failed for model '{name}': {record.error}")
         started, failures = self._start_versions(record, config, cls, model_dir, wanted, available)
         if not failures and started == record.serving:
-            self._publish_labels(name, labels)  # a config that changed only its labels lands here
+            self.router.relabel(name, _in_force(labels))  # a config that changed only its labels lands here
             return  # nothing changed: every version kept serving as it was
         if failures:
             for loaded in started.values():
@@ -267,7 +206,7 @@ class ModelManager:
             try:
                 if name == record.name:
                     raise InvalidArgument("an ensemble cannot be one of its own steps")
-                if name not in self._routes:
+                if not self.router.serves(name):
                     self.load(name)
                 version = step.model_version if step.model_version > 0 else None
                 composing[index] = self.get(name, version).config
@@ -302,7 +241,7 @@ class ModelManager:
                     loaded = current.regrouped(config)  # same backend model, new instance groups
                 else:
                     loaded = start_version(record.name, version, config, cls, model_dir, version_dir,
-                                           self.rate_limiter, self.host, self.response_cache)
+                                           self.services, self.host)
             except Exception as error:  # any failure of a backend is this version's load failure
                 log.warning("failed to load '%s' version %d: %s", record.name, version, error)
                 failures[version] = str(error) or type(error).__name__
@@ -317,9 +256,7 @@ class ModelManager:
         for old in replaced:
             if old.version in started:
                 old.hand_model_to(started[old.version])
-        with self._route_lock:
-            self._routes[record.name] = (dict(started), started[max(started)])
-            self._set_labels(record.name, labels)
+        self.router.publish(record.name, started, _in_force(labels))
         record.serving = started
         record.error = ""
         record.status = {n: VersionStatus("READY") for n in started}
@@ -350,10 +287,13 @@ class ModelManager:
 
     def _composing(self, name: str) -> list[str]:
         """The models an ensemble's steps call (empty for other models and unknown names)."""
-        route = self._routes.get(name)
-        if route is None or route[1].config.platform != ENSEMBLE_PLATFORM:
+        try:
+            config = self.router.get(name, None).config
+        except NotFound:
             return []
-        return sorted({step.model_name for step in route[1].config.ensemble_scheduling.step})
+        if config.platform != ENSEMBLE_PLATFORM:
+            return []
+        return sorted({step.model_name for step in config.ensemble_scheduling.step})
 
     def _unload(self, name: str, timeout: float, prune: bool = True) -> None:
         """`prune`: also drop a remote model's cache (kept at shutdown, so a restart reuses it)."""
@@ -361,9 +301,7 @@ class ModelManager:
             record = self._records.get(name)
             if record is None:
                 return
-            with self._route_lock:
-                self._routes.pop(name, None)
-                self._labels.pop(name, None)
+            self.router.withdraw(name)
             record.relabelled = None
             for version in record.serving:
                 record.status[version] = VersionStatus("UNLOADING")
@@ -386,24 +324,13 @@ class ModelManager:
             record = self._records.get(name)
             if record is None or not record.serving:
                 raise InvalidArgument(f"failed to change the version labels of '{name}': the model is not loaded")
-            current = self._labels.get(name) or VersionLabels(name)
+            current = self.router.labels(name) or VersionLabels(name)
             updated = current.changed(labels, split)
             record.relabelled = updated
-            self._publish_labels(name, updated)
+            self.router.relabel(name, _in_force(updated))
         log.info("version labels of '%s': %s (split: %s)", name, updated.labels_text() or "none",
                  updated.split_text() or "none")
         return updated
-
-    def _publish_labels(self, name: str, labels: VersionLabels | None) -> None:
-        with self._route_lock:
-            self._set_labels(name, labels)
-
-    def _set_labels(self, name: str, labels: VersionLabels | None) -> None:
-        """One reference swap (under the route lock): the atomic promotion."""
-        if labels is None or not (labels.labels or labels.split):
-            self._labels.pop(name, None)
-        else:
-            self._labels[name] = labels
 
     def _model_lock(self, name: str) -> threading.Lock:
         with self._locks_lock:
@@ -455,6 +382,7 @@ class ModelManager:
         deadline = time.monotonic() + timeout
         for name in list(self._records):
             self._unload(name, max(deadline - time.monotonic(), 0.0), prune=False)
+        self.services.timers.close()
 
     # -- index and readiness -----------------------------------------------------------------
 
@@ -513,7 +441,12 @@ def _only_instances_differ(current: LoadedVersion, config: mc.ModelConfig) -> bo
     before, after = without_labels(current.config), without_labels(config)  # copies
     before.ClearField("instance_group")
     after.ClearField("instance_group")
-    return before == after
+    return bool(before == after)
+
+
+def _in_force(labels: VersionLabels | None) -> VersionLabels | None:
+    """The labels to route by: None when there are none (the hot path then skips them)."""
+    return labels if labels is not None and (labels.labels or labels.split) else None
 
 
 def _check_name(name: str) -> None:

@@ -13,12 +13,10 @@ from naiad.config.autocomplete import fill_defaults, resolve_backend
 from naiad.config.model_config import read_model_config
 from naiad.config.options import ServerOptions
 from naiad.config.validate import check_model_filenames, validate_config
-from naiad.core.cache import ResponseCache
 from naiad.core.ensemble import ENSEMBLE_PLATFORM, EnsembleModel
-from naiad.core.model import LoadedVersion
+from naiad.core.model import LoadedVersion, VersionServices
 from naiad.errors import InvalidArgument
 from naiad.repository.local import version_dirs
-from naiad.scheduling.rate_limiter import RateLimiter
 
 
 def prepare_config(
@@ -55,14 +53,13 @@ def prepare_config(
 
 def start_version(
     name: str, version: int, config: mc.ModelConfig, cls: type[Model], model_dir: Path, version_dir: Path,
-    rate_limiter: RateLimiter | None = None, host: Host | None = None,
-    response_cache: ResponseCache | None = None,
+    services: VersionServices, host: Host | None = None,
 ) -> LoadedVersion:
     """Load one version and start its instances; raises with the reason on failure."""
     started = time.monotonic()
     model = cls(config, version_dir, version)
     model.host = host
-    loaded = LoadedVersion(name, version, config, model, model_dir, rate_limiter, response_cache)
+    loaded = LoadedVersion(name, version, config, model, model_dir, services)
     try:
         loaded.start()
     except BaseException:

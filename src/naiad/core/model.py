@@ -11,32 +11,48 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Model, ModelInstance
+from naiad.backends.threaded import ThreadedInstance
 from naiad.config.model_config import tensor_specs
 from naiad.core.cache import ModelCache, ResponseCache, serves
+from naiad.core.delivery import Responder
 from naiad.core.responses import ResponseBuilder
-from naiad.core.runner import AsyncRunner, DecoupledRunner, InstanceRunner
 from naiad.core.scheduling import make_job, make_scheduler, ragged_layout
 from naiad.core.sequence_settings import sequence_inputs, state_output_specs
 from naiad.core.validation import RequestValidator
 from naiad.core.warmup import run_warmup
+from naiad.core.worker import InstanceWorker
 from naiad.errors import Unavailable
 from naiad.observability import statistics
 from naiad.observability.metrics import MetricRow
 from naiad.observability.statistics import ModelStatistics
 from naiad.observability.tracing import Trace
-from naiad.scheduling.base import Job, Runner, Scheduler, Sink
+from naiad.scheduling.base import Job, ResponseSink, Scheduler
 from naiad.scheduling.rate_limiter import GLOBAL_DEVICE, Needs, RateLimiter
+from naiad.scheduling.timers import Timers
 from naiad.types import InferRequest
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VersionServices:
+    """What the server lends every loaded version, fixed when it starts (made by ModelManager)."""
+
+    timers: Timers  # the schedulers' queue delays and timeouts
+    rate_limiter: RateLimiter | None = None  # --rate-limit=execution_count
+    response_cache: ResponseCache | None = None  # --cache-config; models opt in
+    latency: statistics.LatencySettings = dataclasses.field(default_factory=statistics.LatencySettings)
 
 
 class LoadedVersion:
     """One version of one model, ready to serve once `start()` returns."""
 
     def __init__(self, name: str, version: int, config: mc.ModelConfig, model: Model, model_dir: Path,
-                 rate_limiter: RateLimiter | None = None, response_cache: ResponseCache | None = None) -> None:
-        self.rate_limiter = rate_limiter
+                 services: VersionServices) -> None:
+        self.services = services
+        self.timers = services.timers
+        self.rate_limiter = services.rate_limiter
+        response_cache = services.response_cache
         self.name = name
         self.version = version
         self.config = config
@@ -53,7 +69,7 @@ class LoadedVersion:
         self.builder = ResponseBuilder(name, str(version), self.outputs + state_output_specs(config), self.batched,
                                        _labels(config, model_dir))
         cached = response_cache is not None and serves(config)
-        self.stats = ModelStatistics(name, str(version), latency=_latency_settings(config),
+        self.stats = ModelStatistics(name, str(version), latency=_latency_settings(config, services.latency),
                                      tags=dict(config.metric_tags), cache_enabled=cached)
         # Only when both the server (--cache-config) and the config enable it: None costs the
         # hot path one attribute check.
@@ -62,15 +78,15 @@ class LoadedVersion:
         self._instances: list[ModelInstance] = []
         self._scheduler: Scheduler | None = None
         self._inflight = 0
-        self._idle = threading.Condition()
+        self._count_lock = threading.Lock()
+        self._drained: threading.Event | None = None  # set once `stop` waits and nothing is in flight
         self.fingerprint: object = None  # of the version directory, to skip unchanged reloads
         self.owns_model = True  # whether stop() closes the backend model (see regrouped)
 
     def regrouped(self, config: mc.ModelConfig) -> LoadedVersion:
         """A started copy with `config`'s instance groups that shares this version's backend model
         (nothing is reloaded from disk). It owns the model only once it replaces this one."""
-        successor = LoadedVersion(self.name, self.version, config, self.model, self.model_dir, self.rate_limiter,
-                                  self.cache.store if self.cache is not None else None)
+        successor = LoadedVersion(self.name, self.version, config, self.model, self.model_dir, self.services)
         successor.owns_model = False
         successor.start()
         successor.fingerprint = self.fingerprint
@@ -86,12 +102,13 @@ class LoadedVersion:
             for group in self._groups():
                 for index in range(group.count):
                     instance = self.model.create_instance(group, index)
+                    if isinstance(instance, ThreadedInstance):
+                        instance.thread_name = f"{self.name}-{self.version}-instance-{len(self._instances)}"
                     self._instances.append(instance)
                     run_warmup(instance, self.config, self.model_dir)
-            runners = self._runners()
             # Inside the try: a sequence batcher whose initial_state file is unreadable fails here.
-            scheduler = make_scheduler(self.config, runners, self._drop, f"{self.name}-{self.version}",
-                                       self.model_dir)
+            scheduler = make_scheduler(self.config, self._workers(), self._drop, self.timers,
+                                       f"{self.name}-{self.version}", self.model_dir)
         except BaseException:
             self._close_instances()
             raise
@@ -103,14 +120,16 @@ class LoadedVersion:
         run on their own models' instances)."""
         return list(self.config.instance_group) or [mc.ModelInstanceGroup(name=self.name, count=1)]
 
-    def _runners(self) -> list[Runner]:
-        runners: list[Runner] = [
-            _runner_class(i, self.decoupled)(i, self.builder, self.stats, self.batched, self.release, self.layout)
-            for i in self._instances
-        ]
-        if self.rate_limiter is None or not self.config.instance_group:
-            return runners
-        return [self.rate_limiter.wrap(r, needs) for r, needs in zip(runners, self._needs(), strict=True)]
+    def _workers(self) -> list[InstanceWorker]:
+        failure_reason = self._instances[0].failure_reason if self._instances else "BACKEND"
+        responder = Responder(self.builder, self.stats, self.release, failure_reason)
+        limits: list[tuple[RateLimiter, Needs] | None] = [None] * len(self._instances)
+        if self.rate_limiter is not None and self.config.instance_group:
+            for i, needs in enumerate(self._needs()):
+                self.rate_limiter.register(needs)
+                limits[i] = (self.rate_limiter, needs)
+        return [InstanceWorker(instance, responder, self.batched, self.layout, limit)
+                for instance, limit in zip(self._instances, limits, strict=True)]
 
     def _needs(self) -> list[Needs]:
         """Each instance's rate-limiter resources, in the order the instances were created."""
@@ -127,16 +146,16 @@ class LoadedVersion:
 
     def acquire(self) -> None:
         """Count a request in flight; `stop` waits for the count to reach zero."""
-        with self._idle:
+        with self._count_lock:
             self._inflight += 1
 
     def release(self, count: int = 1) -> None:
-        with self._idle:
+        with self._count_lock:
             self._inflight -= count
-            if self._inflight == 0:
-                self._idle.notify_all()
+            if self._inflight == 0 and self._drained is not None:
+                self._drained.set()
 
-    def submit(self, request: InferRequest, sink: Sink, trace: Trace | None = None) -> Job:
+    def submit(self, request: InferRequest, sink: ResponseSink, trace: Trace | None = None) -> Job:
         """Validate and queue; the caller has acquired a slot and releases it if this raises.
 
         Returns the job, so a caller whose client went away can mark it cancelled."""
@@ -181,8 +200,11 @@ class LoadedVersion:
 
     def stop(self, timeout: float | None = None) -> None:
         """Wait for in-flight requests (up to `timeout` seconds), then release everything."""
-        with self._idle:
-            drained = self._idle.wait_for(lambda: self._inflight == 0, timeout)
+        with self._count_lock:
+            self._drained = threading.Event()
+            if self._inflight == 0:
+                self._drained.set()
+        drained = self._drained.wait(timeout)
         if self._scheduler is not None:
             self._scheduler.stop(wait=drained)
             self._scheduler = None
@@ -207,20 +229,13 @@ class LoadedVersion:
 FIRST_RESPONSE_FAMILY = "nv_inference_first_response_histogram_ms"
 
 
-def _latency_settings(config: mc.ModelConfig) -> statistics.LatencySettings:
-    """The process's latency settings, with this model's own first-response buckets when its
+def _latency_settings(config: mc.ModelConfig, settings: statistics.LatencySettings) -> statistics.LatencySettings:
+    """The server's latency settings, with this model's own first-response buckets when its
     config's `model_metrics` sets them (Triton's per-model histogram override)."""
-    settings = statistics.latency_settings
     for control in config.model_metrics.metric_control:
         if control.metric_identifier.family == FIRST_RESPONSE_FAMILY and control.histogram_options.buckets:
             return dataclasses.replace(settings, buckets_ms=tuple(sorted(control.histogram_options.buckets)))
     return settings
-
-
-def _runner_class(instance: ModelInstance, decoupled: bool) -> type[InstanceRunner]:
-    if instance.answers_later:
-        return AsyncRunner
-    return DecoupledRunner if decoupled else InstanceRunner
 
 
 def _labels(config: mc.ModelConfig, model_dir: Path) -> dict[str, list[str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,28 +11,26 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import BatchInput, RaggedLayout
 from naiad.core.sequence_settings import sequence_settings
 from naiad.errors import InvalidArgument
-from naiad.scheduling.base import Drop, Job, Runner, Scheduler, Sink
+from naiad.scheduling.base import Drop, Job, ResponseSink, Scheduler, Worker
 from naiad.scheduling.default import DefaultScheduler
-from naiad.scheduling.direct import DirectScheduler, can_start
 from naiad.scheduling.dynamic import BatcherSettings, DynamicBatcher, QueuePolicy
 from naiad.scheduling.sequence import SequenceBatcher
+from naiad.scheduling.timers import Timers
 from naiad.types import DataType, InferRequest
 
 _US = 1000
 
 
-def make_scheduler(config: mc.ModelConfig, runners: list[Runner], drop: Drop, name: str,
+def make_scheduler(config: mc.ModelConfig, workers: Sequence[Worker], drop: Drop, timers: Timers, name: str,
                    model_dir: Path | None = None) -> Scheduler:
     """The dynamic or sequence batcher when the config asks for one, else Triton's default
-    scheduler (without threads of its own when every instance answers later). `model_dir` holds
-    the sequence batcher's initial_state files."""
-    if config.WhichOneof("scheduling_choice") == "sequence_batching":
-        return SequenceBatcher(runners, sequence_settings(config, model_dir), drop, name=name)
-    if config.WhichOneof("scheduling_choice") != "dynamic_batching":
-        if runners and all(can_start(r) for r in runners):
-            return DirectScheduler(runners, name=name, drop=drop)  # type: ignore[arg-type]
-        return DefaultScheduler(runners, name=name, drop=drop)
-    return DynamicBatcher(runners, batcher_settings(config), drop, name=name)
+    scheduler. `model_dir` holds the sequence batcher's initial_state files."""
+    choice = config.WhichOneof("scheduling_choice")
+    if choice == "sequence_batching":
+        return SequenceBatcher(workers, sequence_settings(config, model_dir), drop, timers, name=name)
+    if choice == "dynamic_batching":
+        return DynamicBatcher(workers, batcher_settings(config), drop, timers, name=name)
+    return DefaultScheduler(workers, drop, timers, name=name)
 
 
 def batcher_settings(config: mc.ModelConfig) -> BatcherSettings:
@@ -69,13 +68,13 @@ def ragged_layout(config: mc.ModelConfig) -> RaggedLayout | None:
     return RaggedLayout(ragged, batch_inputs) if ragged or batch_inputs else None
 
 
-def make_job(request: InferRequest, sink: Sink, batched: bool, ragged: frozenset[str] = frozenset()) -> Job:
+def make_job(request: InferRequest, sink: ResponseSink, batched: bool, ragged: frozenset[str] = frozenset()) -> Job:
     """A job with its batch size, shape key, priority and deadline taken from the request;
     ragged inputs leave the shape key, so requests differing only there batch together."""
     job = Job(request, sink)
     if batched and request.inputs:
         job.batch_size = request.inputs[0].shape[0]
-        job.shape_key = tuple((t.name, t.shape[1:]) for t in request.inputs if t.name not in ragged)
+        job.shape_key = tuple([(t.name, t.shape[1:]) for t in request.inputs if t.name not in ragged])
     parameters = request.parameters
     if parameters:
         job.priority = _unsigned(parameters, "priority")

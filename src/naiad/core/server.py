@@ -19,11 +19,11 @@ from naiad.core.model import LoadedVersion
 from naiad.core.shared_memory import Region as Region  # re-exported: frontends reach the core here
 from naiad.core.shared_memory import SharedMemoryRegistry
 from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable, Unsupported
-from naiad.observability import statistics
+from naiad.observability.custom_metrics import CustomMetrics
 from naiad.observability.logs import LogSettings
 from naiad.observability.metrics import ModelSample
 from naiad.observability.tracing import Trace, Tracer
-from naiad.scheduling.base import Job, Sink
+from naiad.scheduling.base import Job, ResponseSink
 from naiad.types import InferRequest, InferResponse, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -33,34 +33,47 @@ DECOUPLED_ERROR = "this endpoint doesn't support models with decoupled transacti
 #: calls, which come through the backend host, still go through while the server drains).
 STOPPING_ERROR = "the server is shutting down and accepts no new inference requests"
 
+#: Triton 2.51's list, in its order (clients and tools probe it). schedule_policy: the `priority` and
+#: `timeout` request parameters; cuda_shared_memory: its endpoints answer as a build without GPUs
+#: does (no region, registration refused), and Triton lists it on such machines too.
 EXTENSIONS = [
     "classification",
     "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
+    "schedule_policy",
     "model_configuration",
     "system_shared_memory",
+    "cuda_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
     "logging",
 ]
 
 
 class InferenceServer:
-    def __init__(self, options: ServerOptions, log_settings: LogSettings | None = None) -> None:
+    """The data plane every frontend calls: infer (one response, streamed, or answered without
+    a task), metadata, statistics, repository, shared memory, trace and log settings.
+
+    Over 25 methods for a reason: one per KServe V2 / Triton API the frontends expose, each a thin
+    call into the object that owns its state (Router, ModelManager, registries, Tracer).
+    """
+
+    def __init__(self, options: ServerOptions, log_settings: LogSettings | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.options = options
-        # Process-wide, as Triton's metrics are: set before any model version is created.
-        statistics.latency_settings = statistics.LatencySettings.from_config(options.metrics_config)
-        self.models = ModelManager(options)
-        self.models.host = _BackendHost(self)
+        self.models = ModelManager(options, host=_BackendHost(self))
         self.tracer = Tracer(options.trace_settings, options.trace_opentelemetry)
         self.logging = log_settings or LogSettings()
         self.shared_memory = SharedMemoryRegistry(options.allow_client_shm)
+        self.custom_metrics = CustomMetrics()  # families models create (pb_utils.MetricFamily)
         self.stopping = False
         self.started = False
         self.inflight = 0  # inference requests being served; shutdown drains them (event loop only)
-        self.loop: asyncio.AbstractEventLoop | None = None  # the frontends' loop, once serving
+        # The frontends' loop, where model processes' answers are read (None: not serving).
+        self.loop = loop
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -102,7 +115,7 @@ class InferenceServer:
         return self.models.all_ready() if self.options.strict_readiness else True
 
     def metadata(self) -> dict[str, Any]:
-        return {"name": self.options.server_id, "version": naiad.__version__, "extensions": EXTENSIONS}
+        return {"name": self.options.server_id, "version": naiad.__version__, "extensions": list(EXTENSIONS)}
 
     def model_ready(self, name: str, version: int | None) -> bool:
         try:
@@ -130,7 +143,7 @@ class InferenceServer:
         """The config message itself (a copy: callers may not change the serving config)."""
         config = mc.ModelConfig()
         config.CopyFrom(self.models.get(name, version).config)
-        labels = self.models.labels(name)
+        labels = self.models.router.labels(name)
         if labels is not None or any(key in config.parameters for key in (LABELS_PARAMETER, SPLIT_PARAMETER)):
             # The labels in force, which a run-time change may have moved since the load.
             (labels or VersionLabels(name)).apply_to(config)
@@ -138,11 +151,11 @@ class InferenceServer:
 
     def label_version(self, name: str, label: str, loaded_only: bool = False) -> int:
         """The version a label names (`loaded_only`: and that version serves)."""
-        return self.models.label_version(name, label, loaded_only)
+        return self.models.router.label_version(name, label, loaded_only)
 
     def version_labels(self, name: str) -> dict[str, Any]:
         """A serving model's labels and split as JSON (empty when it has none)."""
-        labels = self.models.labels(name)
+        labels = self.models.router.labels(name)
         return (labels or VersionLabels(name)).as_dict()
 
     def model_inputs(self, name: str, version: int | None) -> tuple[list[TensorSpec], int]:
@@ -179,6 +192,20 @@ class InferenceServer:
         finally:
             self.inflight -= 1
 
+    def infer_soon(self, request: InferRequest, answer: Callable[[InferResponse], None],
+                   decoupled_error: str = DECOUPLED_ERROR) -> Job:
+        """`infer` for a frontend answering without a task of its own: queue the request and have
+        `answer` called with its one response on the event loop's thread (the caller's). Errors
+        before queueing raise; the returned job is what to cancel if the client goes away."""
+        if self.stopping:
+            raise Unavailable(STOPPING_ERROR)
+        self.inflight += 1
+        try:
+            return self._submit(request, _LoopSink(self, answer), decoupled_error)
+        except BaseException:
+            self.inflight -= 1
+            raise
+
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response to one request, for decoupled models and others alike; the last has
         `final` set. Errors before queueing raise before the first response."""
@@ -210,16 +237,16 @@ class InferenceServer:
             self.inflight -= 1
 
     def is_decoupled(self, name: str, version: int | None) -> bool:
-        return self.models.get(name, version).decoupled
+        return bool(self.models.get(name, version).decoupled)
 
-    def _submit(self, request: InferRequest, sink: Sink, decoupled_error: str | None) -> Job:
+    def _submit(self, request: InferRequest, sink: ResponseSink, decoupled_error: str | None) -> Job:
         parameters = request.parameters
         # The label is a routing instruction, taken out so that it never reaches the model (nor an
         # ensemble's steps, which share the parent's parameters).
         label = parameters.pop(REQUEST_PARAMETER, None) if parameters else None
-        loaded, label = self.models.acquire_routed(request.model_name, request.model_version, label, request.id)
+        loaded, label = self.models.router.acquire(request.model_name, request.model_version, label, request.id)
         if label is not None:
-            sink = _labelled(sink, label)
+            sink = _LabelledSink(sink, label)
         if log.isEnabledFor(logging.DEBUG):  # per-request lines at --log-verbose only, never formatted otherwise
             log.debug("infer request '%s' for model '%s' version %d: inputs %s", request.id, loaded.name,
                       loaded.version, [(t.name, t.datatype.value, list(t.shape)) for t in request.inputs])
@@ -234,7 +261,7 @@ class InferenceServer:
                 trace.stamp("REQUEST_START")
                 trace.record("TENSOR_QUEUE_INPUT", request.inputs)
                 request.trace = trace
-                sink = _traced(sink, trace, self.tracer, finish=not request.trace_held)
+                sink = _TracedSink(sink, trace, self.tracer, finish=not request.trace_held)
             return loaded.submit(request, sink, trace)
         except BaseException as error:
             loaded.release()
@@ -326,7 +353,7 @@ class _BackendHost:
     def __init__(self, server: InferenceServer) -> None:
         self._server = server
 
-    def submit(self, request: InferRequest, sink: Sink, decoupled: bool) -> Callable[[], None]:
+    def submit(self, request: InferRequest, sink: ResponseSink, decoupled: bool) -> Callable[[], None]:
         job = self._server._submit(request, sink, None if decoupled else BLS_DECOUPLED_ERROR)
 
         def cancel() -> None:
@@ -354,6 +381,9 @@ class _BackendHost:
 
     def backend_config(self, backend: str) -> dict[str, str]:
         return self._server.options.backend_config.get(backend, {})
+
+    def custom_metrics(self) -> CustomMetrics:
+        return self._server.custom_metrics
 
     def call_soon(self, callback: Callable[[], None]) -> bool:
         loop = self._server.loop
@@ -400,15 +430,43 @@ def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[..., Any], *args: A
     done.wait(_LOOP_CALL_TIMEOUT_S)
 
 
-def _labelled(sink: Sink, label: str) -> Sink:
-    """`sink`, adding the label that routed the request to each response's parameters (A/B
+class _LoopSink:
+    """A job's sink that answers on the event loop's thread: directly when the response comes
+    from that thread (a model process's answer, read by the loop), else by a wake-up."""
+
+    __slots__ = ("answer", "loop", "server", "thread")
+
+    def __init__(self, server: InferenceServer, answer: Callable[[InferResponse], None]) -> None:
+        self.server = server
+        self.answer = answer
+        self.loop = asyncio.get_running_loop()
+        self.thread = threading.get_ident()
+
+    def __call__(self, response: InferResponse) -> None:
+        if threading.get_ident() == self.thread:
+            self.deliver(response)
+        else:
+            self.loop.call_soon_threadsafe(self.deliver, response)
+
+    def deliver(self, response: InferResponse) -> None:
+        if response.final:
+            self.server.inflight -= 1
+        self.answer(response)
+
+
+class _LabelledSink:
+    """A sink adding the label that routed the request to each response's parameters (A/B
     analyses join on it); a new dict, since a cached response's parameters are shared."""
 
-    def labelled(response: InferResponse) -> None:
-        response.parameters = {**response.parameters, REQUEST_PARAMETER: label}
-        sink(response)
+    __slots__ = ("label", "sink")
 
-    return labelled
+    def __init__(self, sink: ResponseSink, label: str) -> None:
+        self.sink = sink
+        self.label = label
+
+    def __call__(self, response: InferResponse) -> None:
+        response.parameters = {**response.parameters, REQUEST_PARAMETER: self.label}
+        self.sink(response)
 
 
 def _order(loaded: LoadedVersion) -> tuple[str, int]:
@@ -424,19 +482,26 @@ def _spec_json(spec: TensorSpec) -> dict[str, Any]:
     return {"name": spec.name, "datatype": spec.datatype.value, "shape": list(spec.shape)}
 
 
-def _traced(sink: Sink, trace: Trace, tracer: Tracer, finish: bool) -> Sink:
-    """`sink`, stamping the trace's end at the final response; `finish` hands it to the writer
-    then (else the frontend does, once its reply is sent)."""
+class _TracedSink:
+    """A sink stamping the trace's end at the final response; `finish` hands the trace to the
+    writer then (else the frontend does, once its reply is sent)."""
 
-    def traced(response: InferResponse) -> None:
+    __slots__ = ("finish", "sink", "trace", "tracer")
+
+    def __init__(self, sink: ResponseSink, trace: Trace, tracer: Tracer, finish: bool) -> None:
+        self.sink = sink
+        self.trace = trace
+        self.tracer = tracer
+        self.finish = finish
+
+    def __call__(self, response: InferResponse) -> None:
+        trace = self.trace
         if response.outputs:
             trace.record("TENSOR_BACKEND_OUTPUT", response.outputs)
         if response.final:
             # Both before the sink: once it runs, the frontend may send and end the trace.
             trace.stamp("REQUEST_END")
             trace.stamp("INFER_RESPONSE_COMPLETE")
-        sink(response)
-        if response.final and finish:
-            tracer.finish(trace)
-
-    return traced
+        self.sink(response)
+        if response.final and self.finish:
+            self.tracer.finish(trace)

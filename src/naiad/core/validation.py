@@ -40,7 +40,7 @@ class RequestValidator:
         try:
             self._check_input_names(request)
             for tensor in request.inputs:
-                self._check_input(tensor.name, tensor.datatype.value, tensor.shape)
+                self._check_input(tensor.name, tensor.datatype, tensor.shape)
             self._check_batch(request)
             self._check_outputs(request)
         except InvalidArgument as error:
@@ -65,10 +65,10 @@ class RequestValidator:
 
     def _check_input(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
         spec = self.inputs[name]
-        if datatype != spec.datatype.value:
+        if datatype != spec.datatype:
             raise InvalidArgument(
                 f"inference input '{name}' data-type is '{datatype}', but model "
-                f"'{self.model_name}' expects '{spec.datatype.value}'"
+                f"'{self.model_name}' expects '{spec.datatype}'"
             )
         if not _matches(spec.shape, shape):
             note = _BATCH_NOTE if self.max_batch_size > 0 else ""
@@ -102,7 +102,14 @@ class RequestValidator:
 
 
 def _matches(expected: tuple[int, ...], actual: tuple[int, ...]) -> bool:
-    return len(expected) == len(actual) and all(e == -1 or e == a for e, a in zip(expected, actual, strict=True))
+    if expected == actual:
+        return True
+    if len(expected) != len(actual):
+        return False
+    for want, got in zip(expected, actual, strict=True):  # noqa: SIM110 - no generator on the hot path
+        if want != got and want != -1:
+            return False
+    return True
 
 
 def _names(names: list[str]) -> str:

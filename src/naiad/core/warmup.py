@@ -8,6 +8,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, ModelInstance
+from naiad.backends.blocking import execute_blocking
 from naiad.errors import InvalidArgument, Unavailable
 from naiad.types import DataType, InferRequest, Tensor
 
@@ -30,7 +31,7 @@ def run_warmup(instance: ModelInstance, config: mc.ModelConfig, model_dir: Path)
     """Raise Unavailable naming the sample when any warm-up execution fails."""
     for name, count, request in warmup_requests(config, model_dir):
         for _ in range(count):
-            (result,) = instance.execute(Batch([request], config.max_batch_size > 0))
+            (result,) = execute_blocking(instance, Batch([request], config.max_batch_size > 0))
             if isinstance(result, Exception):
                 raise Unavailable(f"model '{config.name}' failed to warmup with sample '{name}': {result}")
 

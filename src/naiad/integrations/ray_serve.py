@@ -136,7 +136,7 @@ def build_app(
             f"min_replicas={scaling['min_replicas']} max_replicas={scaling['max_replicas']}"
         )
     actor_options = {"num_cpus": num_cpus, **deployment_options.pop("ray_actor_options", {})}
-    deployment = NaiadDeployment.options(
+    deployment = NaiadDeployment.options(  # type: ignore[attr-defined]  # made a Deployment by @serve.deployment
         autoscaling_config=scaling, ray_actor_options=actor_options, **deployment_options
     )
     return deployment.bind(str(repository), args, startup_timeout)

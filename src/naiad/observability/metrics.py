@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from naiad.observability.custom_metrics import CustomMetrics
 from naiad.observability.gpu_metrics import GpuSampler, load_nvml
 from naiad.observability.statistics import FAILURE_REASONS, ModelStatistics, Snapshot
 
@@ -180,7 +181,7 @@ def _render_summaries(samples: list[ModelSample]) -> Iterator[str]:
 
 
 def _render_histograms(samples: list[ModelSample]) -> Iterator[str]:
-    lines = []
+    lines: list[str] = []
     for sample in samples:
         histogram = sample.stats.histogram_rows()
         if histogram is None:
@@ -288,16 +289,21 @@ class CpuSampler:
 
 
 class Metrics:
-    """The whole /metrics page: per-model families, then the CPU's (when allowed)."""
+    """The whole /metrics page: per-model families, the families models created (custom metrics),
+    then the GPU's and CPU's (when allowed)."""
 
-    def __init__(self, samples: Callable[[], list[ModelSample]], cpu: bool = True, gpu: bool = False) -> None:
+    def __init__(self, samples: Callable[[], list[ModelSample]], cpu: bool = True, gpu: bool = False,
+                 custom: CustomMetrics | None = None) -> None:
         self.samples = samples
+        self.custom = custom
         self.cpu = CpuSampler() if cpu else None
         nvml = load_nvml() if gpu else None
         self.gpu = GpuSampler(nvml) if nvml is not None else None
 
     def text(self) -> bytes:
         lines = list(render_models(self.samples()))
+        if self.custom is not None:
+            lines.extend(self.custom.render())
         if self.gpu is not None:
             lines.extend(self.gpu.render(_family, _labels))
         if self.cpu is not None:

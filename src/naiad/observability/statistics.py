@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import bisect
+import logging
+import re
 import threading
 import time
 from collections import deque
@@ -45,6 +47,11 @@ CACHE_SUMMARY_FIELDS = ("queue", "compute_input", "compute_infer", "compute_outp
 #: also slide over the last 60 s); the count and sum cover all time.
 SUMMARY_MAX_AGE_NS = 60 * 10**9
 SUMMARY_MAX_OBSERVATIONS = 10_000
+#: How many of its latest requests a version keeps while the web console watches it (for the
+#: console's p50/p99): the newest this many, so a busy model's window is a recent sample.
+RECENT_MAX_REQUESTS = 4096
+#: A recent request: (monotonic ns at its end, total ns, queue ns, compute ns)
+RecentRequest = tuple[int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +82,7 @@ class LatencySettings:
                 raise ValueError(f"--metrics-config {key} must be true or false, got {value!r}")
             return value.lower() in ("true", "1")
 
-        quantiles = DEFAULT_QUANTILES
+        quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
         if "summary_quantiles" in settings:
             try:
                 quantiles = tuple((float(q), float(e)) for q, e in
@@ -86,11 +93,6 @@ class LatencySettings:
                 raise ValueError("--metrics-config summary_quantiles must be between 0 and 1")
         return cls(flag("counter_latencies", True), flag("summary_latencies", False), quantiles,
                    flag("histogram_latencies", False))
-
-
-#: The process's settings: set once from the command line before models load (metrics are
-#: process-wide in Triton too); statistics made before that use the defaults.
-latency_settings = LatencySettings()
 
 
 class Summary:
@@ -159,6 +161,11 @@ class Snapshot:
     cache_misses: int = 0
 
 
+_log = logging.getLogger(__name__)
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_PAGE_LABELS = frozenset({"model", "version", "reason", "le", "quantile"})
+
+
 @dataclass(slots=True)
 class ModelStatistics:
     """Counters for one loaded model version; updated from runner threads."""
@@ -171,15 +178,26 @@ class ModelStatistics:
     infer: dict[str, Duration] = field(default_factory=lambda: {k: Duration() for k in _INFER_FIELDS})
     batches: dict[int, dict[str, Duration]] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
-    latency: LatencySettings = field(default_factory=lambda: latency_settings)
+    latency: LatencySettings = field(default_factory=LatencySettings)  # the server's, from --metrics-config
     summaries: dict[str, Summary] = field(default_factory=dict)  # by SUMMARY_FIELDS, when on
     first_response: Histogram | None = None  # when on
     load_duration_s: float | None = None  # set once the version has loaded
     tags: dict[str, str] = field(default_factory=dict)  # config metric_tags: extra metric labels
     cache_enabled: bool = False  # the response cache serves this version (its metrics are printed)
+    #: The latest requests while the web console watches (`watch_recent`), else None: an
+    #: unwatched version pays one attribute test per request and nothing more.
+    recent: deque[RecentRequest] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
+        # Tags that would break the metrics page (an invalid label name, or one the page sets
+        # itself) are refused when the config loads (config/validate.py); any that got here
+        # anyway are left off, so that one model cannot break /metrics for the others.
+        unusable = [key for key in self.tags if not _LABEL_NAME.match(key) or key.startswith("__")
+                    or key in _PAGE_LABELS]
+        if unusable:
+            _log.warning("model '%s': metric_tags %s left off the metrics page", self.name, unusable)
+            self.tags = {key: value for key, value in self.tags.items() if key not in unusable}
         if self.latency.summaries:
             fields = CACHE_SUMMARY_FIELDS if self.cache_enabled else SUMMARY_FIELDS
             self.summaries = {key: Summary() for key in fields}
@@ -188,29 +206,53 @@ class ModelStatistics:
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execution of `batch_size` inferences, with its compute phases in ns."""
+        now_ms = time.time_ns() // 1_000_000
         with self.lock:
             self.execution_count += 1
             self.inference_count += batch_size
-            self.last_inference_ms = time.time_ns() // 1_000_000
+            self.last_inference_ms = now_ms
             by_size = self.batches.get(batch_size)
             if by_size is None:
                 by_size = self.batches[batch_size] = {k: Duration() for k in _BATCH_FIELDS}
-            for key, ns in zip(_BATCH_FIELDS, (input_ns, infer_ns, output_ns), strict=True):
-                by_size[key].add(ns)
+            # Unrolled (no loop, no method calls): this runs for every batch.
+            phase = by_size["compute_input"]
+            phase.count += 1
+            phase.ns += input_ns
+            phase = by_size["compute_infer"]
+            phase.count += 1
+            phase.ns += infer_ns
+            phase = by_size["compute_output"]
+            phase.count += 1
+            phase.ns += output_ns
 
     def record_request(self, ok: bool, total_ns: int, queue_ns: int, compute: tuple[int, int, int],
                        reason: str = "BACKEND") -> None:
         """One request's outcome; compute holds its share of (input, infer, output) ns; a failed
         one counts under `reason`."""
+        infer = self.infer
         with self.lock:
             if not ok:
-                self.infer["fail"].add(total_ns)
+                infer["fail"].add(total_ns)
                 self.failures[reason] += 1
                 return
-            self.infer["success"].add(total_ns)
-            self.infer["queue"].add(queue_ns)
-            for key, ns in zip(_BATCH_FIELDS, compute, strict=True):
-                self.infer[key].add(ns)
+            # Unrolled (no loop, no method calls): this runs for every request.
+            phase = infer["success"]
+            phase.count += 1
+            phase.ns += total_ns
+            phase = infer["queue"]
+            phase.count += 1
+            phase.ns += queue_ns
+            phase = infer["compute_input"]
+            phase.count += 1
+            phase.ns += compute[0]
+            phase = infer["compute_infer"]
+            phase.count += 1
+            phase.ns += compute[1]
+            phase = infer["compute_output"]
+            phase.count += 1
+            phase.ns += compute[2]
+            if self.recent is not None:
+                self.recent.append((time.monotonic_ns(), total_ns, queue_ns, compute[0] + compute[1] + compute[2]))
             if self.summaries:
                 now = time.monotonic_ns()
                 for key, ns in zip(SUMMARY_FIELDS, (total_ns, queue_ns, *compute), strict=True):
@@ -225,6 +267,8 @@ class ModelStatistics:
             self.infer["success"].add(total_ns)
             self.infer["queue"].add(queue_ns)
             self.infer["cache_hit"].add(lookup_ns)
+            if self.recent is not None:
+                self.recent.append((time.monotonic_ns(), total_ns, queue_ns, 0))
             if self.summaries:
                 now = time.monotonic_ns()
                 self.summaries["queue"].observe(now, queue_ns / 1000)
@@ -268,6 +312,27 @@ class ModelStatistics:
             return None
         with self.lock:
             return self.first_response.cumulative(), self.first_response.count, self.first_response.sum
+
+    def watch_recent(self, on: bool) -> None:
+        """Keep (on) or stop keeping and drop (off) the latest requests' latencies."""
+        with self.lock:
+            if not on:
+                self.recent = None
+            elif self.recent is None:
+                self.recent = deque(maxlen=RECENT_MAX_REQUESTS)
+
+    def recent_since(self, since_ns: int) -> list[RecentRequest]:
+        """The kept requests that ended at or after `since_ns` (monotonic), oldest first."""
+        with self.lock:
+            if not self.recent:
+                return []
+            rows = list(self.recent)
+        return rows[bisect.bisect_left(rows, (since_ns,)):]
+
+    def batch_counts(self) -> dict[int, int]:
+        """Executions by batch size, since the load."""
+        with self.lock:
+            return {size: phases["compute_infer"].count for size, phases in self.batches.items()}
 
     def snapshot(self) -> Snapshot:
         with self.lock:

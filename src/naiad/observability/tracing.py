@@ -299,10 +299,10 @@ def settings_from_flags(
             settings["trace_level"] = [*levels_so_far, value] if value not in levels_so_far else levels_so_far
         else:
             settings[names[key]] = value
-    for name, value in (("trace_file", file), ("trace_rate", rate), ("trace_count", count),
-                        ("log_frequency", log_frequency)):
-        if value is not None:
-            settings[name] = value
+    for name, flag in (("trace_file", file), ("trace_rate", rate), ("trace_count", count),
+                       ("log_frequency", log_frequency)):
+        if flag is not None:
+            settings[name] = flag
     if levels:
         settings["trace_level"] = levels
     return settings, (otel if mode == "opentelemetry" else None)
@@ -327,7 +327,10 @@ class OtlpExporter:
             ("bsp_max_export_batch_size", "max_export_batch_size")) if key in options}
         exporter = OTLPSpanExporter(endpoint=options.get("url", "http://localhost:4318/v1/traces"))
         self.provider = TracerProvider(resource=Resource.create(attributes))
-        self.provider.add_span_processor(BatchSpanProcessor(exporter, **batch))
+        self.provider.add_span_processor(BatchSpanProcessor(
+            exporter, max_queue_size=batch.get("max_queue_size"),
+            schedule_delay_millis=batch.get("schedule_delay_millis"),
+            max_export_batch_size=batch.get("max_export_batch_size")))
         self.tracer = self.provider.get_tracer("naiad")
         # Stamps are monotonic; spans need wall-clock ns.
         self.offset = time.time_ns() - time.monotonic_ns()
@@ -342,8 +345,9 @@ class OtlpExporter:
             context = otel.set_span_in_context(parent.span)
         else:
             context = TraceContextTextMapPropagator().extract(trace.context or {})
-        attributes = {"triton.model_name": trace.model_name, "triton.model_version": trace.model_version,
-                      "triton.request_id": trace.request_id, "triton.trace_id": trace.id}
+        attributes: dict[str, str | int] = {
+            "triton.model_name": trace.model_name, "triton.model_version": trace.model_version,
+            "triton.request_id": trace.request_id, "triton.trace_id": trace.id}
         if parent is not None:
             attributes["triton.parent_id"] = parent.id
         trace.span = self.tracer.start_span("InferRequest", context=context, attributes=attributes)

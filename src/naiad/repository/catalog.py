@@ -40,11 +40,11 @@ class Repositories:
                     found.setdefault(name, []).append(source)
                 continue
             try:
-                models = entry.models()
+                listings = entry.models()
             except RepositoryUnavailable as error:
                 unavailable[entry.location.spec] = str(error)
                 continue
-            for name, listing in models.items():
+            for name, listing in listings.items():
                 found.setdefault(name, []).append(ModelSource(name, entry.model_path(name), entry.location, listing))
         self._report(unavailable)
         models = {name: sources[0] for name, sources in found.items() if len(sources) == 1}

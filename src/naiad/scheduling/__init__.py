@@ -1,0 +1,8 @@
+"""Schedulers: which requests execute together and on which instance (Triton's default
+scheduler, dynamic batcher, sequence batcher, ensembles).
+
+Each scheduler owns its queues, its instances' busy state and its pending timers behind its own
+locks (`base.PumpedScheduler`); nothing outside reads them. The contract with the core is
+`base.Worker` (one instance, non-blocking `run`); `timers.Timers` is the one thread that wakes
+schedulers at deadlines; `rate_limiter.RateLimiter` owns the resource counts instances share.
+"""

@@ -1,51 +1,60 @@
-"""Triton's default scheduler: each request runs alone on the first idle instance.
+"""Triton's default scheduler: each request runs alone, in arrival order, on an instance with room.
 
-All instance threads block on one shared queue, so whichever instance is idle takes the next
-request: no dispatcher thread, no per-request hand-off beyond the queue itself.
+A request starts at once from the thread that submits it when an instance has room (fewer than
+its depth of batches); otherwise it waits in one FIFO queue until an instance executes a batch
+or reports room again, which starts it from that thread. No thread of its own, no hand-off.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import collections
+from collections.abc import Sequence
 
-from naiad.scheduling.base import Drop, Job, Runner, Scheduler
+from naiad.scheduling.base import Drop, Job, Plan, PumpedScheduler, Worker
+from naiad.scheduling.timers import Timers
 
 
-class DefaultScheduler(Scheduler):
-    def __init__(self, runners: list[Runner], name: str = "model", drop: Drop | None = None) -> None:
-        self._runners = runners
-        self._name = name
-        self._drop = drop
-        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-
-    def start(self) -> None:
-        for i, runner in enumerate(self._runners):
-            thread = threading.Thread(
-                target=self._loop, args=(runner,), name=f"{self._name}-instance-{i}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+class DefaultScheduler(PumpedScheduler):
+    def __init__(self, workers: Sequence[Worker], drop: Drop, timers: Timers, name: str = "model") -> None:
+        super().__init__(workers, drop, timers, name)
+        self._queue: collections.deque[Job] = collections.deque()
 
     def submit(self, job: Job) -> None:
-        self._queue.put(job)
+        with self._lock:
+            self._queue.append(job)
+        self._pump()
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        with self._lock:
+            return len(self._queue)
 
-    def stop(self, wait: bool = True) -> None:
-        for _ in self._threads:
-            self._queue.put(None)
-        if wait:
-            for thread in self._threads:
-                thread.join()
-        self._threads.clear()
-
-    def _loop(self, runner: Runner) -> None:
-        get = self._queue.get
-        while (job := get()) is not None:
-            if job.cancelled and self._drop is not None:
-                self._drop(job, None)  # nobody waits for this answer any more
+    def _plan(self, now: int) -> Plan:
+        plan = Plan()
+        queue = self._queue
+        if not queue:
+            return plan
+        if len(self._workers) == 1:  # the common case, without the spreading below
+            room = 0 if self._refused[0] else self._depths[0] - self._held[0]
+            while room > 0 and queue:
+                job = queue.popleft()
+                if job.cancelled:
+                    plan.drops.append((job, None))
+                    continue
+                plan.starts.append((0, [job]))
+                room -= 1
+            return plan
+        held = {index: self._held[index] for index in self._free_workers()}
+        while queue and held:
+            job = queue.popleft()
+            if job.cancelled:
+                plan.drops.append((job, None))  # nobody waits for this answer any more
                 continue
-            runner([job])
+            index = min(held, key=held.__getitem__)  # spread over instances: the least busy first
+            plan.starts.append((index, [job]))
+            held[index] += 1
+            if held[index] >= self._depths[index]:
+                del held[index]
+        return plan
+
+    def _requeue(self, jobs: list[Job]) -> None:
+        self._queue.extendleft(reversed(jobs))

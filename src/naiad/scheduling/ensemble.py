@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from naiad.errors import Cancelled, InternalError, NaiadError
-from naiad.scheduling.base import Sink
+from naiad.scheduling.base import ResponseSink
 from naiad.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 #: start one step's request; its responses reach the sink (from any thread); returns a canceller
-Submit = Callable[[InferRequest, Sink], Callable[[], None]]
+Submit = Callable[[InferRequest, ResponseSink], Callable[[], None]]
 #: answer the ensemble's request: outputs (or an error, or None for flags only) and whether final
 Emit = Callable[[dict[str, Any] | Exception | None, bool], None]
 
@@ -264,7 +264,7 @@ class EnsembleRun:
             if response.final:
                 self._inflight -= 1
                 self._cancellers.pop(id(answered), None)
-                answered[0] = None  # type: ignore[call-overload]  # finished: nothing to cancel
+                answered[0] = None  # finished: nothing to cancel
                 ready += self._unblocked()
         self._launch(ready)
         if response.final:

@@ -5,19 +5,27 @@ Resources are counted per device (`global` ones once for the whole server). A re
 with --rate-limit-resource=name:count[:device] has that many units; one never given gets as many
 as the largest single need registered, so every instance can run alone. When several instances
 wait, the one with the lowest `priority` value goes first (ties: the one waiting longest).
+Nobody blocks: an instance that cannot have its resources is told when to try again.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from naiad.errors import InvalidArgument
-from naiad.scheduling.base import Job, Runner
 
 ResourceKey = tuple[str, int | None]  # (name, device); GLOBAL_DEVICE for `global` resources
 GLOBAL_DEVICE = -1
+
+
+@dataclass(order=True, slots=True)
+class _Waiter:
+    priority: int
+    ticket: int
+    on_ready: Callable[[], None] = field(compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +42,7 @@ class RateLimiter:
         self._capacity: dict[ResourceKey, int] = {}
         self._free: dict[ResourceKey, int] = {}
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._waiting: list[tuple[int, int]] = []  # (priority, ticket) of instances waiting
+        self._waiting: dict[object, _Waiter] = {}  # instances waiting for resources
         self._tickets = itertools.count()
 
     def register(self, needs: Needs) -> None:
@@ -55,35 +62,36 @@ class RateLimiter:
             self._free[key] = self._free.get(key, 0) + capacity - self._capacity.get(key, 0)
             self._capacity[key] = capacity
 
-    def wrap(self, runner: Runner, needs: Needs) -> Runner:
-        """A runner that holds `needs` while the wrapped one executes."""
-        self.register(needs)
-
-        def limited(jobs: list[Job]) -> None:
-            self.acquire(needs)
-            try:
-                runner(jobs)
-            finally:
-                self.release(needs)
-
-        return limited
-
-    def acquire(self, needs: Needs) -> None:
+    def try_acquire(self, needs: Needs, waiter: object, on_ready: Callable[[], None]) -> bool:
+        """Take `needs` if they fit and no instance ahead in line (lower priority value, then
+        longer waiting) waits for resources; else queue `waiter` (one entry per waiter, kept
+        until it acquires) and return False: `on_ready` is called, outside the lock, whenever it
+        is first in line and may fit, so it tries again."""
         with self._lock:
             self._ensure(needs)
-            me = (needs.priority, next(self._tickets))
-            self._waiting.append(me)
-            self._changed.wait_for(lambda: min(self._waiting) == me and self._fits(needs))
-            self._waiting.remove(me)
+            entry = self._waiting.get(waiter)
+            if entry is None:
+                entry = self._waiting[waiter] = _Waiter(needs.priority, next(self._tickets), on_ready)
+            if min(self._waiting.values()) is not entry or not self._fits(needs):
+                return False
+            del self._waiting[waiter]
             for key, count in needs.resources:
                 self._free[key] -= count
-            self._changed.notify_all()  # the next in line may fit too
+            ready = self._first_in_line()  # the next in line may fit too
+        if ready is not None:
+            ready()
+        return True
 
     def release(self, needs: Needs) -> None:
         with self._lock:
             for key, count in needs.resources:
                 self._free[key] += count
-            self._changed.notify_all()
+            ready = self._first_in_line()
+        if ready is not None:
+            ready()
+
+    def _first_in_line(self) -> Callable[[], None] | None:
+        return min(self._waiting.values()).on_ready if self._waiting else None
 
     def _fits(self, needs: Needs) -> bool:
         return all(self._free.get(key, 0) >= count for key, count in needs.resources)

@@ -17,10 +17,13 @@ in the backlog until one frees. A sequence that sends nothing for max_sequence_i
 
 Two strategies decide which requests run together on an instance:
 
-* direct: one thread per instance forms a batch from the next request of each of its slots
-  (slot order), waiting up to max_queue_delay for minimum_slot_utilization of the batch;
+* direct: an idle instance gets a batch of the next request of each of its slots (slot order),
+  after waiting up to max_queue_delay for minimum_slot_utilization of the batch;
 * oldest: each instance has a dynamic batcher that gets the next request of each candidate
   sequence (max_candidate_sequences slots) and batches the oldest ones (preferred sizes, delay).
+
+No thread of its own (see base.PumpedScheduler): batches start from whoever has news, and one
+timer wakes the batcher for queue delays, idle sequences and backlog timeouts.
 
 Unlike Triton, direct batches hold only the slots that have a request ready: no "null" requests
 pad the slots in between, so READY is always true for the requests a model sees.
@@ -33,15 +36,16 @@ import dataclasses
 import heapq
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from naiad.errors import InvalidArgument, Unavailable
-from naiad.scheduling.base import Drop, Job, Runner, Scheduler, Sink
+from naiad.scheduling.base import Drop, Job, Plan, PumpedScheduler, ResponseSink, Worker
 from naiad.scheduling.dynamic import BatcherSettings, DynamicBatcher
+from naiad.scheduling.timers import TimerHandle, Timers
 from naiad.types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
 
 _UINT64_MASK = (1 << 64) - 1
@@ -113,13 +117,14 @@ class _Entry:
 class _Slot:
     """One batch slot of one instance and the sequence that holds it."""
 
-    __slots__ = ("busy", "closing", "index", "instance", "key", "queue", "states")
+    __slots__ = ("busy", "closing", "index", "instance", "key", "queue", "retry", "states")
 
     def __init__(self, instance: int, index: int) -> None:
         self.instance = instance
         self.index = index
         self.key: SequenceKey | None = None  # None: free
         self.queue: collections.deque[_Entry] = collections.deque()
+        self.retry: Job | None = None  # prepared already, refused by its instance: runs next
         self.busy = False  # a request of the sequence is executing
         self.closing = False  # END was queued (or the sequence idled out): release once drained
         self.states: dict[str, np.ndarray] | None = None
@@ -134,35 +139,31 @@ class _Backlog:
         self.expires_ns = 0  # the earliest `timeout` of its requests (monotonic); 0 = never
 
 
-class SequenceBatcher(Scheduler):
-    def __init__(self, runners: list[Runner], settings: SequenceSettings, drop: Drop, name: str = "model") -> None:
-        self._runners = runners
+class _BatcherWorker:
+    """oldest: the per-instance dynamic batcher, seen by the sequence batcher as its worker. The
+    sequence batcher hands it each sequence's next request (one per sequence at a time) and the
+    batcher forms batches of them on its instance."""
+
+    depth = 1 << 30  # the batcher queues them: its own instance is what limits
+
+    def __init__(self, batcher: DynamicBatcher) -> None:
+        self.batcher = batcher
+
+    def run(self, jobs: list[Job], executed: Callable[[], None]) -> bool:
+        for job in jobs:
+            self.batcher.submit(job)
+        executed()
+        return True
+
+    def set_on_room(self, callback: Callable[[], None]) -> None:
+        """Never called back: it always takes its jobs."""
+
+
+class SequenceBatcher(PumpedScheduler):
+    def __init__(self, workers: Sequence[Worker], settings: SequenceSettings, drop: Drop, timers: Timers,
+                 name: str = "model") -> None:
         self._settings = settings
-        self._drop = drop
-        self._name = name
-        self._slots = [[_Slot(i, s) for s in range(max(settings.slots, 1))] for i in range(len(runners))]
-        # Free slots, lowest slot index first across instances (Triton's ready-slot order).
-        self._free = [(slot.index, slot.instance) for slots in self._slots for slot in slots]
-        heapq.heapify(self._free)
-        self._active: dict[SequenceKey, _Slot] = {}
-        self._backlog: collections.deque[_Backlog] = collections.deque()
-        self._backlog_by_key: dict[SequenceKey, _Backlog] = {}
-        self._last_seen: dict[SequenceKey, int] = {}
-        self._lock = threading.Lock()
-        # One condition per instance thread (direct) and one for the reaper, all on the one lock.
-        self._ready = [threading.Condition(self._lock) for _ in runners]
-        self._reaper = threading.Condition(self._lock)
-        self._stopping = False
-        self._threads: list[threading.Thread] = []
         self._batchers: list[DynamicBatcher] = []
-        self._in_batcher: dict[int, _Slot] = {}  # oldest: id(job) -> its slot, while queued there
-        self._state_inputs = {s.output_name: s.input_name for s in settings.states}
-        self._corrid = next((c for c in settings.controls if c.kind == "CORRID"), None)
-
-    # -- Scheduler -----------------------------------------------------------------------------
-
-    def start(self) -> None:
-        settings = self._settings
         if settings.oldest:
             batching = BatcherSettings(
                 max_batch_size=max(settings.max_batch_size, 1),
@@ -170,19 +171,33 @@ class SequenceBatcher(Scheduler):
                 max_queue_delay_ns=settings.max_queue_delay_ns,
                 preserve_ordering=settings.preserve_ordering,
             )
-            for i, runner in enumerate(self._runners):
-                batcher = DynamicBatcher([runner], batching, self._dropped, name=f"{self._name}-{i}")
-                batcher.start()
-                self._batchers.append(batcher)
+            self._batchers = [DynamicBatcher([worker], batching, self._dropped, timers, name=f"{name}-{i}")
+                              for i, worker in enumerate(workers)]
+            super().__init__([_BatcherWorker(b) for b in self._batchers], drop, timers, name)
         else:
-            for i in range(len(self._runners)):
-                self._spawn(self._direct_loop, i, f"{self._name}-instance-{i}")
-        self._spawn(self._reaper_loop, None, f"{self._name}-sequence-reaper")
+            super().__init__(workers, drop, timers, name, depth_limit=1)
+        self._slots = [[_Slot(i, s) for s in range(max(settings.slots, 1))] for i in range(len(workers))]
+        # Free slots, lowest slot index first across instances (Triton's ready-slot order).
+        self._free = [(slot.index, slot.instance) for slots in self._slots for slot in slots]
+        heapq.heapify(self._free)
+        self._active: dict[SequenceKey, _Slot] = {}
+        self._backlog: collections.deque[_Backlog] = collections.deque()
+        self._backlog_by_key: dict[SequenceKey, _Backlog] = {}
+        self._last_seen: dict[SequenceKey, int] = {}
+        self._in_batcher: dict[int, _Slot] = {}  # oldest: id(job) -> its slot, while queued there
+        self._slot_of: dict[int, _Slot] = {}  # direct: id(job) -> its slot, while running
+        self._state_inputs = {s.output_name: s.input_name for s in settings.states}
+        self._corrid = next((c for c in settings.controls if c.kind == "CORRID"), None)
+        self._reaper: TimerHandle | None = None
+        self._reap_ns = 0
+        self._drained = threading.Condition(self._lock)  # a slot went idle (stop waits for all)
 
-    def _spawn(self, target: Callable[..., None], arg: int | None, name: str) -> None:
-        thread = threading.Thread(target=target, args=() if arg is None else (arg,), name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+    # -- Scheduler -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for batcher in self._batchers:
+            batcher.start()
+        super().start()
 
     def submit(self, job: Job) -> None:
         """Route a request to its sequence's slot (or the backlog); InvalidArgument for requests
@@ -205,37 +220,43 @@ class SequenceBatcher(Scheduler):
         parameters = request.parameters
         entry = _Entry(job, key, bool(parameters.get("sequence_start")), bool(parameters.get("sequence_end")))
         with self._lock:
-            if self._stopping and entry.start:
-                raise Unavailable("Server is stopping, scheduler for model has stopped accepting new "
-                                  "inference requests")
-            slot = self._active.get(key)
-            backlog = self._backlog_by_key.get(key)
-            if not entry.start and slot is None and backlog is None:
-                raise InvalidArgument(
-                    _prefix(request) + f"inference request for sequence {key} to model '{model}' must "
-                    "specify the START flag on the first request of the sequence"
-                )
-            # The reaper needs no wake-up: this sequence idles out after every one it waits for now.
-            self._last_seen[key] = time.monotonic_ns()
-            if slot is None and backlog is None and self._free:
-                slot = self._take_free(key)
-            if slot is not None:
-                slot.queue.append(entry)
-                if entry.end:  # a later START with this ID begins a new sequence elsewhere
-                    self._active.pop(key, None)
-                    slot.closing = True
-                self._dispatch(slot)
-                return
-            if backlog is None:
-                backlog = _Backlog(key)
-                self._backlog.append(backlog)
-                self._backlog_by_key[key] = backlog
-            backlog.entries.append(entry)
-            if job.deadline_ns and (not backlog.expires_ns or job.deadline_ns < backlog.expires_ns):
-                backlog.expires_ns = job.deadline_ns  # the request's `timeout` bounds its wait for a slot
-                self._reaper.notify()
-            if entry.end:
-                self._backlog_by_key.pop(key, None)
+            self._queue_entry(entry)
+        self._pump()
+
+    def _queue_entry(self, entry: _Entry) -> None:
+        key, request, model = entry.key, entry.job.request, self._settings.model_name
+        if self._stopping and entry.start:
+            raise Unavailable("Server is stopping, scheduler for model has stopped accepting new "
+                              "inference requests")
+        slot = self._active.get(key)
+        backlog = self._backlog_by_key.get(key)
+        if not entry.start and slot is None and backlog is None:
+            raise InvalidArgument(
+                _prefix(request) + f"inference request for sequence {key} to model '{model}' must "
+                "specify the START flag on the first request of the sequence"
+            )
+        now = entry.job.enqueued_ns
+        self._last_seen[key] = now
+        self._arm_reaper(now + self._settings.max_sequence_idle_ns)
+        if slot is None and backlog is None and self._free:
+            slot = self._take_free(key)
+        if slot is not None:
+            slot.queue.append(entry)
+            if entry.end:  # a later START with this ID begins a new sequence elsewhere
+                self._active.pop(key, None)
+                slot.closing = True
+            return
+        if backlog is None:
+            backlog = _Backlog(key)
+            self._backlog.append(backlog)
+            self._backlog_by_key[key] = backlog
+        backlog.entries.append(entry)
+        job = entry.job
+        if job.deadline_ns and (not backlog.expires_ns or job.deadline_ns < backlog.expires_ns):
+            backlog.expires_ns = job.deadline_ns  # the request's `timeout` bounds its wait for a slot
+            self._arm_reaper(job.deadline_ns)
+        if entry.end:
+            self._backlog_by_key.pop(key, None)
 
     def pending(self) -> int:
         with self._lock:
@@ -245,14 +266,16 @@ class SequenceBatcher(Scheduler):
     def stop(self, wait: bool = True) -> None:
         with self._lock:
             self._stopping = True
-            for condition in (*self._ready, self._reaper):
-                condition.notify_all()
+            if self._reaper is not None:
+                self._reaper.cancel()
+                self._reaper = None
+        self._pump()
+        if wait:  # what the sequences queued still runs, one request after the other
+            with self._lock:
+                self._drained.wait_for(self._all_idle)
         for batcher in self._batchers:
             batcher.stop(wait)
-        if wait:
-            for thread in self._threads:
-                thread.join()
-        self._threads.clear()
+        super().stop(wait)
         with self._lock:  # sequences that never ended: nobody will run what they left queued
             left = [e for slots in self._slots for slot in slots for e in slot.queue]
             left += [e for backlog in self._backlog for e in backlog.entries]
@@ -264,6 +287,78 @@ class SequenceBatcher(Scheduler):
             self._drop(entry.job, Unavailable("Server is stopping, scheduler for model has stopped "
                                               "accepting new inference requests"))
 
+    def _all_idle(self) -> bool:
+        return not any(slot.queue or slot.busy or slot.retry for slots in self._slots for slot in slots)
+
+    # -- PumpedScheduler -----------------------------------------------------------------------
+
+    def _plan(self, now: int) -> Plan:
+        plan = Plan()
+        if self._settings.oldest:
+            for slots in self._slots:
+                for slot in slots:
+                    self._plan_next(slot, plan)
+            return plan
+        for instance in self._free_workers():
+            self._plan_direct(instance, now, plan)
+        return plan
+
+    def _requeue(self, jobs: list[Job]) -> None:
+        """A direct batch its instance refused: each job runs next in its slot, as prepared."""
+        for job in jobs:
+            slot = self._slot_of.pop(id(job), None)
+            if slot is not None:
+                slot.busy = False
+                slot.retry = job
+
+    def _plan_next(self, slot: _Slot, plan: Plan) -> None:
+        """oldest: hand the slot's next request to its instance's batcher, if it may run now."""
+        while not slot.busy and slot.queue:
+            job = self._prepare(slot, slot.queue.popleft(), plan)
+            if job is not None:
+                self._in_batcher[id(job)] = slot  # so a job the batcher drops frees its slot
+                plan.starts.append((slot.instance, [job]))
+                return
+        self._release_if_done(slot, plan)
+
+    def _plan_direct(self, instance: int, now: int, plan: Plan) -> None:
+        """direct: a batch of the next request of each ready slot of an idle instance."""
+        ready = [slot for slot in self._slots[instance] if (slot.queue or slot.retry) and not slot.busy]
+        if not ready:
+            return
+        first = _next_job(ready[0]).shape_key
+        ready = [slot for slot in ready if _next_job(slot).shape_key == first]
+        wait_ns = self._delay(ready, now)
+        if wait_ns > 0 and not self._stopping:
+            plan.wake_ns = min(plan.wake_ns, now + wait_ns) if plan.wake_ns else now + wait_ns
+            return
+        jobs = []
+        for slot in ready:
+            job: Job | None
+            if slot.retry is not None:
+                job, slot.retry, slot.busy = slot.retry, None, True
+            else:
+                job = self._prepare(slot, slot.queue.popleft(), plan)
+            if job is None:
+                self._release_if_done(slot, plan)
+            else:
+                self._slot_of[id(job)] = slot
+                jobs.append(job)
+        if jobs:
+            plan.starts.append((instance, jobs))
+        elif any(slot.queue and not slot.busy for slot in self._slots[instance]):
+            self._plan_direct(instance, now, plan)  # every job was dropped: the next ones may run
+
+    def _delay(self, ready: list[_Slot], now: int) -> int:
+        """ns to wait for more slots (max_queue_delay with minimum_slot_utilization), else 0."""
+        settings = self._settings
+        if settings.max_queue_delay_ns == 0 or settings.minimum_slot_utilization == 0.0:
+            return 0
+        if len(ready) / max(settings.max_batch_size, 1) >= settings.minimum_slot_utilization:
+            return 0
+        waited = now - min(_next_job(slot).enqueued_ns for slot in ready)
+        return max(settings.max_queue_delay_ns - waited, 0)
+
     # -- slots (called with the lock held) -----------------------------------------------------
 
     def _take_free(self, key: SequenceKey) -> _Slot:
@@ -273,12 +368,17 @@ class SequenceBatcher(Scheduler):
         self._active[key] = slot
         return slot
 
-    def _release(self, slot: _Slot) -> None:
+    def _release_if_done(self, slot: _Slot, plan: Plan) -> None:
+        if slot.closing and not slot.busy and not slot.queue:
+            self._release(slot, plan)
+
+    def _release(self, slot: _Slot, plan: Plan | None = None) -> None:
         """The slot's sequence is over: drop its state and give the slot to the oldest backlog
         sequence, or free it."""
         if self._active.get(slot.key) is slot:  # type: ignore[arg-type]
             del self._active[slot.key]  # type: ignore[arg-type]
         slot.key, slot.closing, slot.states = None, False, None
+        self._drained.notify_all()
         if not self._backlog:
             heapq.heappush(self._free, (slot.index, slot.instance))
             return
@@ -290,31 +390,16 @@ class SequenceBatcher(Scheduler):
             self._active[backlog.key] = slot
         else:
             slot.closing = True  # its END is already queued
-        self._dispatch(slot)
+        if plan is not None and self._settings.oldest:
+            self._plan_next(slot, plan)
 
-    def _dispatch(self, slot: _Slot) -> None:
-        """Hand the slot's next request on, if it may run now."""
-        if slot.busy or not slot.queue:
-            if slot.closing and not slot.busy and not slot.queue:
-                self._release(slot)
-            return
-        if self._settings.oldest:
-            job = self._prepare(slot, slot.queue.popleft())
-            if job is None:
-                self._dispatch(slot)
-                return
-            self._in_batcher[id(job)] = slot  # so a job the batcher drops frees its slot
-            self._batchers[slot.instance].submit(job)
-        else:
-            self._ready[slot.instance].notify()  # its instance thread takes it with the next batch
-
-    def _prepare(self, slot: _Slot, entry: _Entry) -> Job | None:
-        """Turn the entry into the job the runner executes: controls and state added to its
+    def _prepare(self, slot: _Slot, entry: _Entry, plan: Plan) -> Job | None:
+        """Turn the entry into the job the instance executes: controls and state added to its
         inputs, state outputs requested, the sink watching for the answer. None (and the job
         dropped) when its client went away."""
         job = entry.job
         if job.cancelled:
-            self._drop(job, None)  # under the lock: the core's drop only counts and releases
+            plan.drops.append((job, None))
             return None
         settings = self._settings
         if entry.start or slot.states is None:
@@ -331,7 +416,7 @@ class SequenceBatcher(Scheduler):
             outputs = [RequestedOutput(name) for name in settings.outputs]
         outputs.extend(RequestedOutput(s.output_name) for s in settings.states if s.output_name not in wanted)
         job.request = dataclasses.replace(request, inputs=inputs, outputs=outputs)
-        job.sink = self._answer(slot, entry, job.sink, frozenset(wanted))
+        job.sink = _SequenceSink(self, slot, entry, job.sink, frozenset(wanted))
         slot.busy = True
         return job
 
@@ -350,29 +435,19 @@ class SequenceBatcher(Scheduler):
         array = np.full(shape, control.false_true[1 if on else 0], dtype=control.datatype.numpy)
         return Tensor(control.name, control.datatype, shape, array)
 
-    # -- answers (runner threads) --------------------------------------------------------------
+    # -- answers -------------------------------------------------------------------------------
 
-    def _answer(self, slot: _Slot, entry: _Entry, sink: Sink, wanted: frozenset[str]) -> Sink:
-        state_inputs = self._state_inputs
-
-        def answered(response: InferResponse) -> None:
-            if response.error is None and (state_inputs or len(response.outputs) != len(wanted)):
-                kept = []
-                for tensor in response.outputs:
-                    state_input = state_inputs.get(tensor.name)
-                    if state_input is not None:
-                        self._keep_state(slot, entry, state_input, tensor)
-                    if tensor.name in wanted:
-                        kept.append(tensor)
-                response.outputs = kept
-            if response.final:
-                with self._lock:
-                    self._in_batcher.pop(id(entry.job), None)
-                    slot.busy = False
-                    self._dispatch(slot)
-            sink(response)
-
-        return answered
+    def _answered(self, slot: _Slot, job: Job) -> None:
+        """A sequence's request got its final answer: the slot may run its next one."""
+        with self._lock:
+            self._in_batcher.pop(id(job), None)
+            self._slot_of.pop(id(job), None)
+            slot.busy = False
+            if slot.closing and not slot.queue:
+                self._release(slot)
+            if not slot.busy and not slot.queue:
+                self._drained.notify_all()
+        self._pump()
 
     def _keep_state(self, slot: _Slot, entry: _Entry, state_input: str, tensor: Tensor) -> None:
         # A copy: the array may be a view into memory the backend reuses once answered.
@@ -388,97 +463,101 @@ class SequenceBatcher(Scheduler):
             slot = self._in_batcher.pop(id(job), None)
             if slot is not None:
                 slot.busy = False
-                self._dispatch(slot)
+                if slot.closing and not slot.queue:
+                    self._release(slot)
+        self._pump()
 
-    # -- direct strategy: one thread per instance ----------------------------------------------
+    # -- idle sequences and backlog timeouts (the reaper timer) --------------------------------
 
-    def _direct_loop(self, instance: int) -> None:
-        runner = self._runners[instance]
-        while (jobs := self._direct_batch(instance)) is not None:
-            if jobs:
-                runner(jobs)
+    def _arm_reaper(self, when_ns: int) -> None:
+        """Under the lock: make sure the reaper looks by `when_ns`."""
+        if self._stopping or (self._reaper is not None and self._reap_ns <= when_ns):
+            return
+        if self._reaper is not None:
+            self._reaper.cancel()
+        self._reap_ns = when_ns
+        self._reaper = self._timers.call_at(when_ns, self._reap)
 
-    def _direct_batch(self, instance: int) -> list[Job] | None:
-        """Block until a batch is due; None once stopping with nothing queued."""
-        slots = self._slots[instance]
-        with self._lock:
-            while True:
-                ready = [slot for slot in slots if slot.queue and not slot.busy]
-                if not ready:
-                    if self._stopping and not any(slot.queue or slot.busy for slot in slots):
-                        return None
-                    # Stopping: look again soon, for a busy slot's answer notifies nobody.
-                    self._ready[instance].wait(0.05 if self._stopping else None)
-                    continue
-                first = ready[0].queue[0].job.shape_key
-                ready = [slot for slot in ready if slot.queue[0].job.shape_key == first]
-                wait_ns = self._delay(ready)
-                if wait_ns > 0 and not self._stopping:
-                    self._ready[instance].wait(wait_ns / 1e9)
-                    continue
-                jobs = []
-                for slot in ready:
-                    job = self._prepare(slot, slot.queue.popleft())
-                    if job is None:
-                        self._dispatch(slot)  # its next request, or the slot's release
-                    else:
-                        jobs.append(job)
-                return jobs
-
-    def _delay(self, ready: list[_Slot]) -> int:
-        """ns to wait for more slots (max_queue_delay with minimum_slot_utilization), else 0."""
-        settings = self._settings
-        if settings.max_queue_delay_ns == 0 or settings.minimum_slot_utilization == 0.0:
-            return 0
-        if len(ready) / max(settings.max_batch_size, 1) >= settings.minimum_slot_utilization:
-            return 0
-        waited = time.monotonic_ns() - min(slot.queue[0].job.enqueued_ns for slot in ready)
-        return max(settings.max_queue_delay_ns - waited, 0)
-
-    # -- idle sequences ------------------------------------------------------------------------
-
-    def _reaper_loop(self) -> None:
+    def _reap(self) -> None:
         idle_ns = self._settings.max_sequence_idle_ns
-        while True:
-            expired: list[_Entry] = []
-            with self._lock:
-                if self._stopping:
-                    return
-                now = time.monotonic_ns()
-                next_check = min(idle_ns, self._expire_backlog(now, expired))
-                for key, seen in list(self._last_seen.items()):
-                    remaining = idle_ns - (now - seen)
-                    if remaining > 0:
-                        next_check = min(next_check, remaining)
-                        continue
-                    slot = self._active.get(key)
-                    if slot is not None:
-                        # Released once what it queued has run; later requests need a START.
-                        del self._active[key]
-                        del self._last_seen[key]
-                        slot.closing = True
-                        self._dispatch(slot)
-                    elif key in self._backlog_by_key:
-                        next_check = min(next_check, 50_000_000)  # waiting for a slot: not idle
-                    else:
-                        del self._last_seen[key]  # ended normally
-                if not expired:
-                    self._reaper.wait(next_check / 1e9)
-            for entry in expired:  # answered outside the lock: a sink may call back into the server
-                self._drop(entry.job, Unavailable("timeout of the corresponding sequence has been expired"))
+        expired: list[_Entry] = []
+        with self._lock:
+            self._reaper = None
+            if self._stopping:
+                return
+            now = time.monotonic_ns()
+            next_check = self._expire_backlog(now, expired)
+            for key, seen in list(self._last_seen.items()):
+                remaining = idle_ns - (now - seen)
+                if remaining > 0:
+                    next_check = min(next_check, remaining) if next_check else remaining
+                    continue
+                slot = self._active.get(key)
+                if slot is not None:
+                    # Released once what it queued has run; later requests need a START.
+                    del self._active[key]
+                    del self._last_seen[key]
+                    slot.closing = True
+                    if not slot.busy and not slot.queue:
+                        self._release(slot)
+                elif key in self._backlog_by_key:
+                    next_check = min(next_check, 50_000_000) if next_check else 50_000_000  # waiting: not idle
+                else:
+                    del self._last_seen[key]  # ended normally
+            if next_check:
+                self._arm_reaper(now + next_check)
+        for entry in expired:  # answered outside the lock: a sink may call back into the server
+            self._drop(entry.job, Unavailable("timeout of the corresponding sequence has been expired"))
+        self._pump()
 
     def _expire_backlog(self, now: int, expired: list[_Entry]) -> int:
         """Take out backlog sequences whose requests' `timeout` passed before they got a slot
-        (Triton rejects them); ns until the next one expires."""
-        next_check = self._settings.max_sequence_idle_ns
+        (Triton rejects them); ns until the next one expires (0: none)."""
+        next_check = 0
         for backlog in list(self._backlog):
             if not backlog.expires_ns:
                 continue
             if backlog.expires_ns > now:
-                next_check = min(next_check, backlog.expires_ns - now)
+                left = backlog.expires_ns - now
+                next_check = min(next_check, left) if next_check else left
                 continue
             self._backlog.remove(backlog)
             if self._backlog_by_key.get(backlog.key) is backlog:
                 del self._backlog_by_key[backlog.key]
             expired.extend(backlog.entries)
         return next_check
+
+
+def _next_job(slot: _Slot) -> Job:
+    return slot.retry if slot.retry is not None else slot.queue[0].job
+
+
+class _SequenceSink:
+    """A sequence request's sink: keeps the state outputs for the sequence's next request, passes
+    on only what the client asked for, and frees the slot at the final response."""
+
+    __slots__ = ("batcher", "entry", "sink", "slot", "wanted")
+
+    def __init__(self, batcher: SequenceBatcher, slot: _Slot, entry: _Entry, sink: ResponseSink,
+                 wanted: frozenset[str]) -> None:
+        self.batcher = batcher
+        self.slot = slot
+        self.entry = entry
+        self.sink = sink
+        self.wanted = wanted
+
+    def __call__(self, response: InferResponse) -> None:
+        batcher, wanted = self.batcher, self.wanted
+        state_inputs = batcher._state_inputs
+        if response.error is None and (state_inputs or len(response.outputs) != len(wanted)):
+            kept = []
+            for tensor in response.outputs:
+                state_input = state_inputs.get(tensor.name)
+                if state_input is not None:
+                    batcher._keep_state(self.slot, self.entry, state_input, tensor)
+                if tensor.name in wanted:
+                    kept.append(tensor)
+            response.outputs = kept
+        if response.final:
+            batcher._answered(self.slot, self.entry.job)
+        self.sink(response)

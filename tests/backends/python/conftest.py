@@ -7,12 +7,13 @@ from collections.abc import Iterator
 import pytest
 from backends.python.pb_fakes import FakeRuntime
 
-from naiad.backends.python import pb_utils
+from naiad.backends.python import pb_metrics, pb_utils
 
 
 @pytest.fixture(autouse=True)
 def _no_runtime_left_behind() -> Iterator[None]:
     pb_utils._set_runtime(None)
+    pb_metrics.take_changes()  # custom-metric changes another test left for its runtime
     yield
     pb_utils._set_runtime(None)
 

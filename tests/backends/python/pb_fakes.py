@@ -62,9 +62,18 @@ class FakeRuntime:
 
 
 class MetricRuntime(FakeRuntime):
+    """Also the custom-metric hooks: counts the "changes are waiting" calls; `value` answers
+    metric_value (None: pb_utils answers with the process's own copy)."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.events: list[dict[str, Any]] = []
+        self.wakes = 0
+        self.values_asked: list[int] = []
+        self.value: float | None = None
 
-    def metric(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
+    def metrics_changed(self) -> None:
+        self.wakes += 1
+
+    def metric_value(self, series: int) -> float | None:
+        self.values_asked.append(series)
+        return self.value

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from naiad.backends.python import messages as p
 from naiad.backends.python import pb_utils
-from naiad.backends.python import protocol as p
 from naiad.backends.python.shm import Arena, PendingFrees, SegmentMap
 from naiad.backends.python.stub import Stub
 

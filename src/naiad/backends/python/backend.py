@@ -29,15 +29,18 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import (
     Batch,
+    BatchSender,
+    ExecutionTimes,
     Model,
     ModelInstance,
     ParameterizedOutputs,
     RequestResult,
-    ResponseSender,
 )
-from naiad.backends.python import protocol as p
+from naiad.backends.python import messages as p
+from naiad.backends.python.custom_metrics import InstanceMetrics
 from naiad.backends.python.environment import python_for
 from naiad.backends.python.process import StubProcess, log_from_model
+from naiad.backends.python.shm import Arena
 from naiad.config.model_config import config_from_json, config_to_json
 from naiad.errors import InternalError, InvalidArgument, NaiadError, Status, Unavailable
 from naiad.types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
@@ -45,15 +48,14 @@ from naiad.types import DataType, InferRequest, InferResponse, RequestedOutput, 
 log = logging.getLogger("naiad.backends.python")
 
 DEFAULT_STUB_TIMEOUT_S = 30.0
-# Batches handed to a model process at once. Without dynamic batching, up to 8: they ride in one
-# write and the process runs them back to back without sleeping in between. With it, 2 (the one
-# running and the next): a batcher that could hand over more would stop waiting for requests to
-# gather, and form smaller batches than Triton's, which waits for a free instance.
+# Batches the default scheduler may hand a model process at once: they ride in one write and the
+# process runs them back to back without sleeping in between (each reports its own start, so
+# their queue time still ends when they start executing). Batching schedulers hand over one at a
+# time: a request stays queued, under the queue policy, until its batch executes.
 PIPELINE_DEPTH = 8
 READY_REFRESH_S = 1.0
 RESTART_BACKOFF_S = 1.0  # after a failed restart; doubles with each failure
 RESTART_BACKOFF_MAX_S = 60.0
-PIPELINE_DEPTH_BATCHING = 2
 # Request parameters the server itself interprets; the model sees the others (as in Triton).
 _RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
                                   "binary_data_output", "headers"})
@@ -121,20 +123,21 @@ def _stub_timeout(settings: Mapping[str, str]) -> float:
 class _Pending:
     """A batch in the model process: which requests still wait for their final response."""
 
-    __slots__ = ("batch", "batch_id", "executed", "on_executed", "open", "send")
+    __slots__ = ("batch", "batch_id", "executed", "open", "sender")
 
-    def __init__(self, batch_id: int, batch: Batch, send: ResponseSender, on_executed: Callable[[], None]) -> None:
+    def __init__(self, batch_id: int, batch: Batch, sender: BatchSender) -> None:
         self.batch_id = batch_id
         self.batch = batch
-        self.send = send
-        self.on_executed = on_executed
+        self.sender = sender
         self.open = set(range(len(batch.requests)))
         self.executed = False  # execute returned in the model process
 
 
 class PythonInstance(ModelInstance):
-    gathers_inputs = False  # model.py gets each request's own tensors, never a concatenation
-    answers_later = True  # answers come from the process's reader (the server's event loop)
+    """Answers come from the process's reader (the server's event loop). model.py gets each
+    request's own tensors, never a concatenation."""
+
+    depth = PIPELINE_DEPTH
 
     def __init__(self, model: PythonModel, name: str, args: dict[str, str], stub_timeout: float) -> None:
         self.model = model
@@ -150,10 +153,9 @@ class PythonInstance(ModelInstance):
         self._traces: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         self._healthy = threading.Condition(self._lock)
-        # Batches handed to the model process and not executed yet (see PIPELINE_DEPTH).
-        batching = model.config.WhichOneof("scheduling_choice") == "dynamic_batching"
-        self._slots = threading.BoundedSemaphore(PIPELINE_DEPTH_BATCHING if batching else PIPELINE_DEPTH)
-        self._on_room: Callable[[], None] | None = None  # a scheduler starting batches on completion
+        self._on_room: Callable[[], None] | None = None  # the scheduler, once a restarted process is up
+        # Host.call_soon: what the event loop sends a process in one turn goes out in one write
+        self._call_soon = model.host.call_soon if model.host is not None else None
         self._closing = False
         self._restarting = False
         self._failed_restarts = 0
@@ -165,6 +167,7 @@ class PythonInstance(ModelInstance):
         self._ready_asked = 0.0
         self._process: StubProcess | None = None
         self._python, self._env = python_for(model.config, model.model_dir)
+        self._custom_metrics = InstanceMetrics.for_host(model.host, name)  # pb_utils.MetricFamily
         self._start()
 
     # -- process lifecycle -------------------------------------------------------------------
@@ -192,13 +195,6 @@ class PythonInstance(ModelInstance):
         host = self.model.host
         process.run(self._on_message, lambda: self._on_exit(process), host.watch if host is not None else None)
 
-    def _ready_process(self) -> StubProcess:
-        with self._lock:
-            ok = self._healthy.wait_for(lambda: self._process is not None or self._closing, self.stub_timeout)
-            if not ok or self._process is None:
-                raise Unavailable(f"Stub process '{self.name}' is not healthy.")
-            return self._process
-
     def _on_exit(self, process: StubProcess) -> None:
         """The model process is gone: fail what it held, then start a new one (unless closing)."""
         with self._lock:
@@ -207,18 +203,22 @@ class PythonInstance(ModelInstance):
             pending, self._pending = self._pending, {}
             calls, self._calls = self._calls, {}
             closing = self._closing
+            # Claimed before the held requests fail: a request sent as soon as they do must find
+            # the restart under way and wait for it, not find no process and no restart.
+            restart = not closing and self._claim_restart()
         code = _exit_code(process)
         error = self._exit_error(code)
         for item in pending.values():
-            self._fail_open(item, error)
             self._mark_executed(item)
+            self._fail_open(item, error)
         for cancel in calls.values():
             cancel()
         process.close()
         if closing:
             return
         log.error("the model process of '%s' exited (code %s); starting a new one", self.name, code)
-        self._restart_soon()
+        if restart:
+            self._start_restart()
 
     def _exit_error(self, code: int | None) -> NaiadError:
         """What the requests held by a model process that died fail with (`code`: its exit
@@ -231,9 +231,18 @@ class PythonInstance(ModelInstance):
         server's event loop. One restart at a time; after failed ones, the next waits longer
         (requests meanwhile fail at once), so a model that cannot start does not spin."""
         with self._lock:
-            if self._restarting or self._closing or time.monotonic() < self._next_restart:
+            if not self._claim_restart():
                 return
-            self._restarting = True
+        self._start_restart()
+
+    def _claim_restart(self) -> bool:
+        """Under the lock: whether this caller starts the restart now (marking it under way)."""
+        if self._restarting or self._closing or time.monotonic() < self._next_restart:
+            return False
+        self._restarting = True
+        return True
+
+    def _start_restart(self) -> None:
         threading.Thread(target=self._restart, name=f"{self.name}-restart", daemon=True).start()
 
     def _restart(self) -> None:
@@ -259,37 +268,29 @@ class PythonInstance(ModelInstance):
             self._healthy.notify_all()
         if process is not None:
             process.stop(self.stub_timeout)
+        self._custom_metrics.close()
 
     # -- execution ---------------------------------------------------------------------------
 
-    def start(self, batch: Batch, send: ResponseSender, executed: Callable[[], None], blocking: bool = True) -> bool:
-        if blocking:
-            self._slots.acquire()
-        elif not self._slots.acquire(blocking=False):
-            return False
-        if not blocking and self._process is None:
-            self._slots.release()
+    def submit(self, batch: Batch, sender: BatchSender) -> bool:
+        process = self._process
+        if process is None:
             if self._restarting:
                 return False  # the restart reports room when the new process is up
             self._restart_soon()
             raise Unavailable(f"Stub process '{self.name}' is not healthy.")
         batch_id = next(self._ids)
-        pending = _Pending(batch_id, batch, send, executed)
+        pending = _Pending(batch_id, batch, sender)
         try:
-            process = self._ready_process() if blocking else self._process
-            assert process is not None
             requests = [self._request(process, request) for request in batch.requests]
-            with self._lock:
-                self._pending[batch_id] = pending
-            host = self.model.host
-            process.send_soon(p.Execute(batch_id, requests, process.take_frees()),
-                              host.call_soon if host is not None else None)
+            self._pending[batch_id] = pending  # one dict store: atomic, and _on_exit swaps the dict under the lock
+            process.send_soon(p.Execute(batch_id, requests, process.take_frees()), self._call_soon)
         except BaseException as error:
             with self._lock:
                 self._pending.pop(batch_id, None)
-                owned, pending.executed = not pending.executed, True  # else the process's exit freed it
-            if owned:  # no room callback here: this may run under the scheduler's lock
-                self._slots.release()
+                owned, pending.executed = not pending.executed, True  # else the process's exit answered it
+            if not owned:
+                return True
             if isinstance(error, p.ChannelClosed):
                 raise Unavailable(f"Stub process '{self.name}' is not healthy.") from None
             raise
@@ -308,43 +309,25 @@ class PythonInstance(ModelInstance):
     def set_on_room(self, callback: Callable[[], None]) -> None:
         self._on_room = callback
 
-    def _release_slot(self) -> None:
-        self._slots.release()
-        callback = self._on_room
-        if callback is not None:
-            callback()
-
-    def execute(self, batch: Batch) -> list[RequestResult]:
-        """One batch, waiting for its results (model warm-up runs batches this way)."""
-        results: list[RequestResult] = [InternalError("no response")] * len(batch.requests)
-        done = threading.Event()
-        remaining = [len(batch.requests)]
-
-        def send(index: int, result: RequestResult | None, final: bool) -> None:
-            if final:
-                results[index] = {} if result is None else result
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    done.set()
-
-        if batch.requests:
-            self.start(batch, send, lambda: None)
-            done.wait()
-        return results
-
     def _request(self, process: StubProcess, request: InferRequest) -> p.Request:
         parameters = request.parameters
-        flags = (1 if parameters.get("sequence_start") else 0) | (2 if parameters.get("sequence_end") else 0)
-        custom = {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS}
+        correlation_id, flags, timeout, custom = 0, 0, 0, "{}"
+        if parameters:
+            correlation_id = parameters.get("sequence_id", 0)
+            flags = (1 if parameters.get("sequence_start") else 0) | (2 if parameters.get("sequence_end") else 0)
+            timeout = int(parameters.get("timeout", 0))
+            passed = {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS}
+            if passed:
+                custom = json.dumps(passed)
         outputs = [o.name for o in request.outputs] if request.outputs is not None else self.output_names
         trace = 0
         if request.trace is not None:  # BLS calls made with request.trace() join it (see _bls)
             trace = request.trace.id
             self._traces[trace] = request.trace
-        return p.Request(request.id, parameters.get("sequence_id", 0), flags, int(parameters.get("timeout", 0)),
-                         json.dumps(custom) if custom else "{}", outputs,
-                         [_write(process, tensor.name, tensor.datatype, tensor.data) for tensor in request.inputs],
-                         trace)
+        arena = process.arena
+        assert arena is not None  # set when the process started
+        inputs = [_write(arena, tensor.name, tensor.datatype, tensor.data) for tensor in request.inputs]
+        return p.Request(request.id, correlation_id, flags, timeout, custom, outputs, inputs, trace)
 
     # -- messages from the model process (reader thread) -------------------------------------
 
@@ -354,11 +337,12 @@ class PythonInstance(ModelInstance):
             self._on_executed(message)
         elif isinstance(message, p.Sent):
             self._free(message.frees)
+            process = self._process
             for response in message.responses:
                 pending = self._pending.get(response.batch)
                 if pending is not None:
-                    self._deliver(pending, response)
-            process = self._process
+                    self._deliver(pending, response, process)
+                    self._forget_if_done(pending)
             if process is not None:
                 process.flush_frees()
         elif isinstance(message, p.BlsCall):
@@ -376,6 +360,8 @@ class PythonInstance(ModelInstance):
             log_from_model(self.name, message)
         elif isinstance(message, p.Frees):
             self._free(message.frees)
+        elif isinstance(message, p.CustomMetrics | p.MetricValue):
+            self._custom_metrics.handle(message, self._process)
 
     def _free(self, flat: list[int]) -> None:
         process = self._process
@@ -387,30 +373,35 @@ class PythonInstance(ModelInstance):
         pending = self._pending.get(message.batch)
         if pending is None:
             return
+        times = message.times
+        self._mark_executed(pending, ExecutionTimes(*times) if len(times) == 4 else None)
+        process = self._process
         for response in message.responses:
-            self._deliver(pending, response)
-        if message.error is not None:
-            self._fail_open(pending, InternalError(message.error))
-        elif not self.decoupled and pending.open:
-            self._fail_open(pending, InternalError(
-                f"model '{self.model.config.name}' returned no response for a request: execute must return "
-                "one InferenceResponse per request or send it through the request's response sender"))
-        self._mark_executed(pending)
+            self._deliver(pending, response, process)
+        if pending.open:
+            if message.error is not None:
+                self._fail_open(pending, InternalError(message.error))
+            elif not self.decoupled:
+                self._fail_open(pending, InternalError(
+                    f"model '{self.model.config.name}' returned no response for a request: execute must return "
+                    "one InferenceResponse per request or send it through the request's response sender"))
+        self._forget_if_done(pending)
 
-    def _mark_executed(self, pending: _Pending) -> None:
+    def _mark_executed(self, pending: _Pending, times: ExecutionTimes | None = None) -> None:
+        """The model is done executing the batch (or its process died): the scheduler may give
+        this instance its next batch."""
         with self._lock:
             if pending.executed:
                 return
             pending.executed = True
-        pending.on_executed()
-        self._forget_if_done(pending)
-        self._release_slot()  # last: it may start the next batch right here
+        if times is None:
+            times = ExecutionTimes.instant(time.monotonic_ns())
+        pending.sender.executed(times)
 
-    def _deliver(self, pending: _Pending, response: p.Response) -> None:
+    def _deliver(self, pending: _Pending, response: p.Response, process: StubProcess | None) -> None:
         index = response.index
         if index not in pending.open:
             return  # already answered: the first final response stands
-        process = self._process
         result: RequestResult | None
         if response.error is not None:
             result = NaiadError(response.error, _status(response.code))
@@ -420,20 +411,16 @@ class PythonInstance(ModelInstance):
             result = None  # a flags-only final response
         if response.final:
             pending.open.discard(index)
-        pending.send(index, result, response.final)
-        if response.final:
-            self._forget_if_done(pending)
+        pending.sender.send(index, result, response.final)
 
     def _fail_open(self, pending: _Pending, error: NaiadError) -> None:
         for index in sorted(pending.open):
-            pending.send(index, error, True)
+            pending.sender.send(index, error, True)
         pending.open.clear()
 
     def _forget_if_done(self, pending: _Pending) -> None:
-        if pending.open or not pending.executed:
-            return
-        with self._lock:
-            self._pending.pop(pending.batch_id, None)
+        if not pending.open and pending.executed:
+            self._pending.pop(pending.batch_id, None)  # atomic; a dead process's dict may be gone already
 
     def _query(self, message: p.Query) -> None:
         if message.op == "is_cancelled":
@@ -510,21 +497,22 @@ def _status(name: str) -> Status:
         return Status.INTERNAL
 
 
-def _write(process: StubProcess, name: str, datatype: DataType, data: np.ndarray) -> p.TensorRef:
-    assert process.arena is not None
+def _write(arena: Arena, name: str, datatype: DataType, data: np.ndarray) -> p.TensorRef:
     if datatype is DataType.BYTES:
-        segment, offset, nbytes = process.arena.write_bytes(p.serialize_bytes(data))
+        segment, offset, nbytes = arena.write_bytes(p.serialize_bytes(data))
     else:
-        segment, offset, nbytes = process.arena.write(data)
-    return p.TensorRef(name, datatype.value, list(data.shape), segment, offset, nbytes)
+        segment, offset, nbytes = arena.write(data)
+    return p.TensorRef(name, datatype, list(data.shape), segment, offset, nbytes)
+
+
+_NUMPY_TYPES = {datatype.value: datatype.numpy for datatype in DataType}  # by wire name, no enum call
 
 
 def _array(process: StubProcess, ref: p.TensorRef) -> np.ndarray:
     shape = tuple(ref.shape)
     if ref.datatype == "BYTES":
         return p.deserialize_bytes(process.segments.view(ref.segment, ref.offset, ref.nbytes), shape)
-    dtype = DataType(ref.datatype).numpy
-    return process.segments.array(ref.segment, ref.offset, ref.nbytes, dtype, shape)
+    return process.segments.array(ref.segment, ref.offset, ref.nbytes, _NUMPY_TYPES[ref.datatype], shape)
 
 
 def _outputs(process: StubProcess, response: p.Response) -> ParameterizedOutputs:
@@ -562,7 +550,9 @@ def _bls_response(process: StubProcess, call: int, response: InferResponse) -> p
         error = response.error
         status = error.status.value if isinstance(error, NaiadError) else "INTERNAL"
         return p.Response(call, 0, [], str(error), status, final=response.final)
-    outputs = [_write(process, t.name, t.datatype, t.data) for t in response.outputs]
+    arena = process.arena
+    assert arena is not None  # set when the process started
+    outputs = [_write(arena, t.name, t.datatype, t.data) for t in response.outputs]
     parameters = json.dumps(response.parameters) if response.parameters else "{}"
     return p.Response(call, 0, outputs, parameters=parameters, final=response.final)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from naiad.backends.python.pb_args import as_str
+
 # -- errors ----------------------------------------------------------------------------------
 
 
@@ -33,8 +35,7 @@ class TritonError:
     CANCELLED = _ErrorCode.CANCELLED
 
     def __init__(self, message: str, code: int = _ErrorCode.INTERNAL) -> None:
-        if not isinstance(message, str):
-            raise TypeError(f"TritonError(): message must be str, got {type(message)}")
+        message = as_str(message, "TritonError(): message")
         try:
             self._code = _ErrorCode(code)
         except (ValueError, TypeError):

@@ -21,8 +21,10 @@ class Runtime(Protocol):
     `TritonModelException("BLS is only supported during the 'execute' function.")` outside
     `execute`, as upstream does.
 
-    Optionally the runtime may also define `metric(event: dict) -> None` to mirror custom metrics
-    on the server's /metrics endpoint (see `MetricFamily`); values are kept here either way.
+    Custom metrics (see pb_metrics): the runtime collects changes with `pb_metrics.take_changes()`
+    and sends them to the server. It may define `metrics_changed() -> None`, called when changes
+    start waiting (send them soon), and `metric_value(series: int) -> float | None`, the server's
+    value of a series after the waiting changes reached it (None when it cannot ask now).
     """
 
     def send(self, handle: object, response: InferenceResponse | None, flags: int) -> None:

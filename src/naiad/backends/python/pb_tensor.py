@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from naiad.backends.python.pb_args import as_str
 from naiad.backends.python.pb_errors import TritonModelException
 
 # -- type helpers (as upstream's triton_python_backend_utils.py) -----------------------------
@@ -109,7 +110,7 @@ def deserialize_bytes_tensor(encoded_tensor: bytes | bytearray | memoryview | np
     Accepts bytes or any C-contiguous buffer (a uint8 numpy view of shared memory works); the
     elements are copies, so the buffer may be reused afterwards. A truncated buffer raises
     `struct.error`, as upstream."""
-    view = memoryview(encoded_tensor).cast("B")
+    view = memoryview(encoded_tensor).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer; its stubs do not say so
     total = len(view)
     items: list[bytes] = []
     offset = 0
@@ -144,10 +145,13 @@ _DL_DEVICE_NAMES = {2: "CUDA", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 1
                     14: "oneAPI"}
 
 
+_TENSOR_TYPE_CODES = {np.dtype(numpy_type): value for numpy_type, value in _TENSOR_TYPES}
+
+
 def _tensor_dtype(dtype: np.dtype[Any]) -> int:
-    for numpy_type, value in _TENSOR_TYPES:
-        if dtype == numpy_type:
-            return value
+    code = _TENSOR_TYPE_CODES.get(dtype)  # dtype equality and hash include the byte order
+    if code is not None:
+        return code
     if dtype == np.object_ or dtype.type == np.bytes_:
         return _TYPE_BYTES
     raise TritonModelException("NumPy dtype is not supported.")
@@ -165,8 +169,7 @@ class Tensor:
     __slots__ = ("__weakref__", "_array", "_dtype", "_name")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"Tensor(): name must be str, got {type(name)}")
+        name = as_str(name, "Tensor(): name")
         if name == "":
             raise TritonModelException("Tensor name cannot be an empty string.")
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
@@ -176,6 +179,15 @@ class Tensor:
         self._name = name
         self._array = array
         self._dtype = dtype
+
+    @classmethod
+    def _of(cls, name: str, array: np.ndarray, dtype: int) -> Tensor:
+        """A tensor the runtime made itself (a received input): trusted, not checked."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        tensor._dtype = dtype
+        return tensor
 
     def name(self) -> str:
         return self._name
@@ -220,8 +232,7 @@ class Tensor:
     def from_dlpack(name: str, tensor: Any) -> Tensor:
         """A Tensor over the memory of a DLPack capsule or of any object with `__dlpack__` (torch,
         cupy, jax, numpy...). Only host memory can be taken; a GPU tensor raises."""
-        if not isinstance(name, str):
-            raise TypeError(f"Tensor.from_dlpack(): name must be str, got {type(name)}")
+        name = as_str(name, "Tensor.from_dlpack(): name")
         if name == "":
             raise TritonModelException("Tensor name cannot be an empty string.")
         if type(tensor).__name__ == "PyCapsule":

@@ -1,11 +1,14 @@
 """naiad's `triton_python_backend_utils`: the API Triton `model.py` files import as `pb_utils`.
 
 The model process aliases this module as `sys.modules["triton_python_backend_utils"]`. It and its
-parts (pb_errors, pb_runtime, pb_tensor, pb_config, pb_metrics) import only the standard library,
-numpy and each other: they also run under a model's own environment (EXECUTION_ENV_PATH).
+parts (pb_args, pb_errors, pb_runtime, pb_tensor, pb_config, pb_metrics) import only the standard
+library, numpy, each other and the naming rules of `naiad.observability.custom_metrics` (standard
+library only): they also run under a model's own environment (EXECUTION_ENV_PATH).
 Names, signatures, defaults and error messages follow Triton's python_backend (the Python half in
 `triton_python_backend_utils.py`, the C++ half bound by `pb_stub.cc`); where naiad differs the
-comment at that spot says why.
+comment at that spot says why. Arguments are converted as upstream's pybind11 bindings convert
+them (pb_args): bytes where a C++ string is declared, numpy integers where an integer is, any
+sequence where a list is.
 
 Everything that needs the server goes through one module-level runtime object that the model
 process installs with `_set_runtime(runtime)` (see `Runtime`). Without one (unit tests, the
@@ -19,6 +22,7 @@ from __future__ import annotations
 import datetime
 import enum
 import json
+import operator
 import os
 import re
 import sys
@@ -27,6 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from naiad.backends.python import pb_runtime
+from naiad.backends.python.pb_args import as_bool, as_int, as_list, as_str, as_str_list
 from naiad.backends.python.pb_config import ModelConfig
 from naiad.backends.python.pb_errors import TritonError, TritonModelException
 from naiad.backends.python.pb_metrics import Metric, MetricFamily, MetricKind
@@ -90,10 +95,8 @@ class PreferredMemory:
     """Where a BLS call would like its output tensors: `PreferredMemory(TRITONSERVER_MEMORY_GPU, 0)`."""
 
     def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
-        if preferred_memory_type is None or preferred_device_id is None:
-            raise TypeError("PreferredMemory(): arguments must not be None")
-        self._type = int(preferred_memory_type)
-        self._device_id = int(preferred_device_id)
+        self._type = as_int(preferred_memory_type, "PreferredMemory(): preferred_memory_type")
+        self._device_id = as_int(preferred_device_id, "PreferredMemory(): preferred_device_id")
 
     # Upstream binds no accessors; these let the runtime read the preference of a BLS request.
     @property
@@ -106,6 +109,9 @@ class PreferredMemory:
 
     def __repr__(self) -> str:
         return f"PreferredMemory({self._type}, {self._device_id})"
+
+
+_DEFAULT_MEMORY = PreferredMemory(_MEMORY_DEFAULT, 0)  # immutable: every received request shares it
 
 
 class InferenceTrace:
@@ -220,11 +226,10 @@ class InferenceResponse:
 
 
 def _tensor_list(values: Any, argument: str) -> list[Tensor | None]:
+    """A `std::vector<Tensor>` argument: any sequence of Tensors (None items are checked by the caller)."""
     if values is None:
         return []
-    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-        raise TypeError(f"{argument} must be a list of pb_utils.Tensor, got {type(values)}")
-    items = list(values)
+    items = as_list(values, argument)
     for item in items:
         if item is not None and not isinstance(item, Tensor):
             raise TypeError(f"{argument} must be a list of pb_utils.Tensor, found an element of type {type(item)}")
@@ -249,6 +254,7 @@ class InferenceResponseSender:
         self._sent = 0
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        flags = as_int(flags, "send(): flags", bits=32, signed=False)
         if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL and flags != 0:
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
         if flags == 0 and response is None:
@@ -342,27 +348,20 @@ class InferenceRequest:
                                 ("model_name", model_name)):
             if value is _UNSET:
                 raise TypeError(f"InferenceRequest(): missing required argument '{argument}'")
-        if not isinstance(request_id, str):
-            raise TypeError(f"InferenceRequest(): request_id must be str, got {type(request_id)}")
-        if not isinstance(model_name, str):
-            raise TypeError(f"InferenceRequest(): model_name must be str, got {type(model_name)}")
-        if isinstance(correlation_id, bool) or not isinstance(correlation_id, int | str):
-            raise TritonModelException("Correlation ID must be integer or string")
-        if isinstance(correlation_id, int) and not 0 <= correlation_id < 2**64:
-            raise TritonModelException("Correlation ID must be an unsigned 64-bit integer or a string")
-        _check_uint("model_version", model_version, signed=True)
-        _check_uint("flags", flags, bits=32)
-        _check_uint("timeout", timeout)
+        # Converted as upstream's pybind11 signature converts them (see pb_args): e.g. model_name
+        # may be the bytes element of a BYTES tensor, model_version a numpy integer.
+        request_id = as_str(request_id, "InferenceRequest(): request_id")
+        model_name = as_str(model_name, "InferenceRequest(): model_name")
+        correlation_id = _correlation_id(correlation_id)
+        model_version = as_int(model_version, "InferenceRequest(): model_version")
+        flags = as_int(flags, "InferenceRequest(): flags", bits=32, signed=False)
+        timeout = as_int(timeout, "InferenceRequest(): timeout", signed=False)
         tensors = _tensor_list(inputs, "inputs")
         if any(tensor is None for tensor in tensors):
             raise TritonModelException(
                 f"Input tensor for request with id '{request_id}' and model name '{model_name}' should not be empty.")
-        if isinstance(requested_output_names, str | bytes) or not isinstance(requested_output_names, Iterable):
-            raise TypeError("InferenceRequest(): requested_output_names must be a list of str")
-        names = list(requested_output_names)
+        names = as_str_list(requested_output_names, "InferenceRequest(): requested_output_names")
         for output in names:
-            if not isinstance(output, str):
-                raise TypeError("InferenceRequest(): requested_output_names must be a list of str")
             if output == "":
                 raise TritonModelException(
                     f"Requested output name for request with id '{request_id}' and model name '{model_name}' "
@@ -404,11 +403,10 @@ class InferenceRequest:
         models; None leaves that check to the server. `parameters` is the request's JSON text."""
         request = cls.__new__(cls)
         request._setup(
-            inputs=list(inputs), request_id=request_id, correlation_id=correlation_id, flags=flags,
-            timeout=timeout, parameters=parameters or "{}", requested_output_names=list(requested_output_names),
+            inputs=inputs, request_id=request_id, correlation_id=correlation_id, flags=flags,
+            timeout=timeout, parameters=parameters or "{}", requested_output_names=requested_output_names,
             model_name=model_name, model_version=model_version, handle=handle, decoupled=decoupled,
-            trace=trace if trace is not None else InferenceTrace(),
-            preferred_memory=PreferredMemory(_MEMORY_DEFAULT, 0))
+            trace=trace if trace is not None else InferenceTrace(), preferred_memory=_DEFAULT_MEMORY)
         return request
 
     def _setup(
@@ -447,8 +445,7 @@ class InferenceRequest:
         return self._flags
 
     def set_flags(self, flags: int) -> None:
-        _check_uint("flags", flags, bits=32)
-        self._flags = flags
+        self._flags = as_int(flags, "set_flags(): flags", bits=32, signed=False)
 
     def timeout(self) -> int:
         """Timeout in microseconds (0: none)."""
@@ -484,9 +481,7 @@ class InferenceRequest:
     def set_release_flags(self, flags: int) -> None:
         """`TRITONSERVER_REQUEST_RELEASE_RESCHEDULE` hands the request back for another execute
         (iterative sequence batching); the default is `TRITONSERVER_REQUEST_RELEASE_ALL`."""
-        if flags is None or isinstance(flags, bool) or not isinstance(flags, int):
-            raise TypeError(f"set_release_flags(): flags must be int, got {type(flags)}")
-        self._release_flags = flags
+        self._release_flags = as_int(flags, "set_release_flags(): flags", bits=32, signed=False)
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """Run this request on `model_name` and wait: the response, or with `decoupled=True` an
@@ -494,27 +489,30 @@ class InferenceRequest:
         runtime = pb_runtime.get()
         if runtime is None:
             raise TritonModelException(f"BLS is only supported during the 'execute' function ({NO_RUNTIME}).")
-        return runtime.exec(self, bool(decoupled))
+        return runtime.exec(self, as_bool(decoupled, "exec(): decoupled"))
 
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """`exec` for `async def execute`: `await request.async_exec()` (or gather several)."""
         runtime = pb_runtime.get()
         if runtime is None:
             raise TritonModelException(f"BLS is only supported during the 'execute' function ({NO_RUNTIME}).")
-        return await runtime.async_exec(self, bool(decoupled))
+        return await runtime.async_exec(self, as_bool(decoupled, "async_exec(): decoupled"))
 
     def __repr__(self) -> str:
         return (f"InferenceRequest(request_id={self._request_id!r}, model_name={self._model_name!r}, "
                 f"inputs={[tensor.name() for tensor in self._inputs]})")
 
 
-def _check_uint(argument: str, value: Any, *, bits: int = 64, signed: bool = False) -> None:
-    if value is None or isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"InferenceRequest(): {argument} must be int, got {type(value)}")
-    low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1)) if signed else (0, 2**bits)
-    if not low <= value < high:
-        kind = "a signed" if signed else "an unsigned"
-        raise TypeError(f"InferenceRequest(): {argument} must be {kind} {bits}-bit integer, got {value}")
+def _correlation_id(value: Any) -> int | str:
+    """Upstream takes an int (bool included: it is one) or a str; a numpy integer is taken too."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int) or (hasattr(type(value), "__index__") and not isinstance(value, bytes)):
+        number = operator.index(value)
+        if not 0 <= number < 2**64:
+            raise TritonModelException("Correlation ID must be an unsigned 64-bit integer or a string")
+        return number
+    raise TritonModelException("Correlation ID must be integer or string")
 
 
 # -- model control ---------------------------------------------------------------------------
@@ -524,35 +522,36 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
     """Load or reload `model_name` (explicit model-control mode). `config` is a JSON model config
     overriding the repository's; `files` maps "file:<path in the version dir>" to file contents and
     needs `config`."""
-    if not isinstance(model_name, str):
-        raise TypeError(f"load_model(): model_name must be str, got {type(model_name)}")
-    if not isinstance(config, str):
-        raise TypeError(f"load_model(): config must be str, got {type(config)}")
+    model_name = as_str(model_name, "load_model(): model_name")
+    config = as_str(config, "load_model(): config")
     if files is not None:
         if not isinstance(files, dict):
             raise TritonModelException(
                 f"failed to load model '{model_name}', files should be a dictionary of file paths and file contents")
+        contents: dict[str, bytes] = {}
         for path, content in files.items():
-            if not isinstance(path, str) or not isinstance(content, bytes):
-                raise TypeError("load_model(): files must map str paths to bytes contents")
+            if not isinstance(content, bytes):  # upstream casts to py::bytes: bytes (or a subclass) only
+                raise TypeError(f"load_model(): files must map paths to bytes contents, got {type(content)}")
+            contents[as_str(path, "load_model(): files keys")] = bytes(content)
+        files = contents
     runtime = pb_runtime.get()
     if runtime is None:
         raise TritonModelException(f"Failed to load model: {NO_RUNTIME}")
     try:
-        runtime.load_model(model_name, config, dict(files) if files is not None else None)
+        runtime.load_model(model_name, config, files)
     except Exception as error:
         raise TritonModelException(f"Failed to load model: {error}") from error
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload `model_name` (and, with `unload_dependents`, the models that depend on it)."""
-    if not isinstance(model_name, str):
-        raise TypeError(f"unload_model(): model_name must be str, got {type(model_name)}")
+    model_name = as_str(model_name, "unload_model(): model_name")
+    unload_dependents = as_bool(unload_dependents, "unload_model(): unload_dependents")
     runtime = pb_runtime.get()
     if runtime is None:
         raise TritonModelException(f"Failed to unload model: {NO_RUNTIME}")
     try:
-        runtime.unload_model(model_name, bool(unload_dependents))
+        runtime.unload_model(model_name, unload_dependents)
     except Exception as error:
         raise TritonModelException(f"Failed to unload model: {error}") from error
 
@@ -563,10 +562,8 @@ _STOL = re.compile(r"\s*([+-]?\d+)")
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Whether `model_name` (version `model_version`, "" for the server's choice) is ready."""
-    if not isinstance(model_name, str):
-        raise TypeError(f"is_model_ready(): model_name must be str, got {type(model_name)}")
-    if not isinstance(model_version, str):
-        raise TypeError(f"is_model_ready(): model_version must be str, got {type(model_version)}")
+    model_name = as_str(model_name, "is_model_ready(): model_name")
+    model_version = as_str(model_version, "is_model_ready(): model_version")
     if model_version:
         # Checked here (upstream checks in the server process) with upstream's messages.
         match = _STOL.match(model_version)
@@ -633,10 +630,9 @@ _LEADING_CHAR = {_LogLevel.INFO: "I", _LogLevel.WARNING: "W", _LogLevel.ERROR: "
 
 
 def _emit(message: Any, level: Any, frame: Any) -> None:
-    if isinstance(message, bytes):
-        message = message.decode("utf-8", "replace")
-    if not isinstance(message, str):
-        raise TypeError(f"Logger: message must be str, got {type(message)}")
+    if isinstance(message, bytes | bytearray):  # a log line is worth keeping even when not UTF-8
+        message = bytes(message).decode("utf-8", "replace")
+    message = as_str(message, "Logger: message")
     try:
         log_level = _LogLevel(level)
     except (ValueError, TypeError):

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from naiad.backends.python import protocol as p
+from naiad.backends.python import messages as p
 from naiad.backends.python.shm import Arena, PendingFrees, SegmentMap
 from naiad.errors import InternalError, Unavailable
 
@@ -51,6 +51,7 @@ class StubProcess:
         self._unwatch: Callable[[], None] | None = None  # stops the event loop's reading
         self._outbox: list[Any] = []  # messages gathered during one event-loop turn
         self._outbox_lock = threading.Lock()
+        self._early: list[Any] = []  # messages the model sent before it was ready, for `run`
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -69,7 +70,8 @@ class StubProcess:
         self.arena = Arena(f"naiad-{self.name}", self._announce)
 
     def handshake(self, first: p.Init | p.AutoComplete, timeout: float) -> p.Ready | p.AutoCompleted:
-        """Send the first message and wait for the model's answer (logs may come first)."""
+        """Send the first message and wait for the model's answer. Logs may come first; other
+        messages sent before the answer (custom metrics created in initialize) wait for `run`."""
         assert self.channel is not None
         self.channel.send(first)
         self.channel.sock.settimeout(timeout)
@@ -82,6 +84,8 @@ class StubProcess:
                     log_from_model(self.name, message)
                 elif isinstance(message, p.Segment):
                     self.segments.add(message.segment, self.channel.take_fd(), message.size)
+                else:
+                    self._early.append(message)
         except p.ChannelClosed as error:
             if "timed out" in str(error):
                 raise Unavailable(f"timed out after {timeout:g} s waiting for the model process of "
@@ -107,6 +111,13 @@ class StubProcess:
         the server's event loop when `watch` is given (no thread hand-off: the loop that answers
         clients reads the model's answers), else from a reader thread of this process's own."""
         assert self.channel is not None
+        # First what came before (or with) the handshake's answer: the event loop is only woken by
+        # new bytes, and these are already read.
+        early, self._early = self._early, []
+        for message in early:
+            on_message(message)
+        while self.channel.has_frame():
+            self._dispatch(self.channel.recv(), on_message)
         if watch is not None:
             self.channel.set_nonblocking()
             unwatch: list[Callable[[], None]] = []

@@ -103,13 +103,13 @@ class Arena:
 
     def write(self, array: np.ndarray) -> tuple[int, int, int]:
         """Copy `array`'s bytes into the arena; returns (segment id, offset, nbytes)."""
-        data = np.ascontiguousarray(array)
+        data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
         nbytes = data.nbytes
         if not nbytes:
             return EMPTY
         segment, offset = self._alloc(nbytes)
-        target = np.frombuffer(self._segments[segment][0], np.uint8, nbytes, offset)
-        target[:] = data.reshape(-1).view(np.uint8)
+        # one buffer copy, no view objects (numpy's stubs do not say ndarray is a buffer)
+        self._segments[segment][0][offset : offset + nbytes] = data  # type: ignore[call-overload]
         return segment, offset, nbytes
 
     def write_bytes(self, payload: bytes | bytearray | memoryview) -> tuple[int, int, int]:

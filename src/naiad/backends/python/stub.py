@@ -24,6 +24,7 @@ import queue
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -31,11 +32,21 @@ from typing import Any
 
 import numpy as np
 
-from naiad.backends.python import pb_utils
-from naiad.backends.python import protocol as p
+from naiad.backends.python import messages as p
+from naiad.backends.python import pb_metrics, pb_utils
+from naiad.backends.python.pb_tensor import Tensor
 from naiad.backends.python.shm import Arena, PendingFrees, SegmentMap
+from naiad.backends.python.stub_metrics import MetricsSender
 
 # naiad Status names by pb_utils.TritonError code, and back
+# Wire datatype name -> numpy dtype of its arrays, and TRITONSERVER_DataType code (pb_utils values)
+_NUMPY_TYPES = {name: np.dtype(pb_utils.triton_string_to_numpy("TYPE_" + name)) for name in
+                ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
+                 "FP64")}
+_NUMPY_TYPES["BF16"] = np.dtype(np.uint16)  # numpy has no bfloat16: the raw bits
+_TYPE_CODES = {"BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7, "INT32": 8,
+               "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14}
+
 _STATUS_BY_CODE = {
     pb_utils.TritonError.UNKNOWN: "UNKNOWN",
     pb_utils.TritonError.INTERNAL: "INTERNAL",
@@ -54,10 +65,15 @@ def _describe(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
+_UNTRACED = pb_utils.InferenceTrace()  # what every untraced request hands its model (it has no setters)
+
+
 def _trace(trace_id: int) -> Any:
     """The InferenceTrace a received request hands its model: the server's trace id, if traced."""
+    if not trace_id:
+        return _UNTRACED
     trace = pb_utils.InferenceTrace()
-    trace._handle = trace_id or None
+    trace._handle = trace_id
     return trace
 
 
@@ -103,7 +119,13 @@ class _BlsStream:
 
 
 class Stub:
-    """The model process's side of the channel; also pb_utils' runtime."""
+    """The model process's side of the channel; also pb_utils' runtime.
+
+    Over 25 methods for a reason: one reader of the socket serves both the server's execute
+    requests and the answers to the model's own calls (BLS, model control, metrics, logging),
+    and the pb_utils calls wait on that reader; splitting them would share the read loop's
+    state between two classes.
+    """
 
     def __init__(self, channel: p.Channel) -> None:
         self.channel = channel
@@ -124,6 +146,8 @@ class Stub:
         self.decoupled = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.down = False
+        self.serving = False  # the server's answers are read (serve() runs)
+        self.metrics = MetricsSender(channel, lambda: self.down)  # custom metrics, ahead of our messages
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -169,6 +193,7 @@ class Stub:
         one batch at a time in arrival order (see `_run_or_queue`)."""
         standby = threading.Thread(target=self._standby, name="model-io", daemon=True)
         standby.start()
+        self.serving = True
         while self._read_one():
             pass
         with self._exec_idle:
@@ -219,6 +244,8 @@ class Stub:
             self._free(message.frees)
         elif isinstance(message, p.Query):  # the server asks is_ready()
             self.channel.send(p.Answer(message.call, self._is_ready()))
+        elif isinstance(message, p.MetricRejected):
+            pb_metrics.reject(message.family, message.series, message.error)
         elif isinstance(message, p.Shutdown):
             self._gone()
             return False
@@ -285,28 +312,31 @@ class Stub:
     # -- executing ---------------------------------------------------------------------------
 
     def _execute(self, message: p.Execute) -> None:
+        start = time.monotonic_ns()
         batch = message.batch
         requests = [self._to_request(batch, i, r) for i, r in enumerate(message.requests)]
         count = len(requests)
         wanted = [r.outputs for r in message.requests]  # outputs nobody asked for never cross over
+        times = [start, time.monotonic_ns()]
         try:
             result = self.model.execute(requests)
         except BaseException as error:
-            self._executed(batch, [], error)
+            self._executed(batch, [], error, times)
             return
         if inspect.isawaitable(result):
             future = self.run_coroutine(result)
             if self.decoupled:  # responses go through the senders: free the instance at once
-                self._executed(batch, [], None)
+                self._executed(batch, [], None, times)
                 future.add_done_callback(lambda done: self._async_failed(batch, count, done))
                 return
             try:
                 result = future.result()
             except BaseException as error:
-                self._executed(batch, [], error)
+                self._executed(batch, [], error, times)
                 return
+        times.append(time.monotonic_ns())
         del requests  # their inputs go back to the server as soon as the model drops them too
-        self._executed(batch, self._returned(batch, wanted, result), None)
+        self._executed(batch, self._returned(batch, wanted, result), None, times)
 
     def _returned(self, batch: int, wanted: list[list[str]], result: Any) -> list[p.Response] | BaseException:
         """The responses `execute` returned, checked as Triton checks them. Requests answered
@@ -336,11 +366,16 @@ class Stub:
             responses.append(self._from_response(batch, index, response, True))
         return responses
 
-    def _executed(self, batch: int, responses: list[p.Response] | BaseException, error: BaseException | None) -> None:
+    def _executed(self, batch: int, responses: list[p.Response] | BaseException, error: BaseException | None,
+                  times: list[int]) -> None:
         if isinstance(responses, BaseException):
             error, responses = responses, []
         text = None if error is None else _describe(error)
-        message = p.Executed(batch, responses, text, p.flat_frees(self.frees.take()))
+        now = time.monotonic_ns()
+        if len(times) < 3:
+            times.append(now)  # execute raised, or a decoupled coroutine runs on: it returned now
+        times.append(now)
+        message = p.Executed(batch, responses, text, p.flat_frees(self.frees.take()), times)
         with self._outbox_lock:
             self._outbox.append(message)
         if not self.channel.has_frame():
@@ -350,7 +385,7 @@ class Stub:
         with self._outbox_lock:
             messages, self._outbox = self._outbox, []
             if messages:
-                self.channel.send_many(messages)
+                self.metrics.send(messages)
 
     def _async_failed(self, batch: int, count: int, done: Future[Any]) -> None:
         """A decoupled `async def execute` that raised: its open requests fail like a raising
@@ -364,7 +399,7 @@ class Stub:
     # -- requests and responses across the boundary ------------------------------------------
 
     def _to_request(self, batch: int, index: int, request: p.Request) -> Any:
-        inputs = [pb_utils.Tensor(ref.name, self._array(ref)) for ref in request.inputs]
+        inputs = [Tensor._of(ref.name, self._array(ref), _TYPE_CODES[ref.datatype]) for ref in request.inputs]
         return pb_utils.InferenceRequest._received(
             inputs=inputs, request_id=request.id, correlation_id=request.correlation_id, flags=request.flags,
             timeout=request.timeout, parameters=request.parameters, requested_output_names=request.outputs,
@@ -376,8 +411,7 @@ class Stub:
         if ref.datatype == "BYTES":
             block = self.segments.view(ref.segment, ref.offset, ref.nbytes)
             return p.deserialize_bytes(block, shape)  # copies out: the block goes back at once
-        dtype = pb_utils.triton_string_to_numpy("TYPE_" + ref.datatype) if ref.datatype != "BF16" else np.uint16
-        return self.segments.array(ref.segment, ref.offset, ref.nbytes, np.dtype(dtype), shape)
+        return self.segments.array(ref.segment, ref.offset, ref.nbytes, _NUMPY_TYPES[ref.datatype], shape)
 
     def _write(self, name: str, array: np.ndarray) -> p.TensorRef:
         array = np.asarray(array)
@@ -416,7 +450,7 @@ class Stub:
         assert isinstance(handle, _Handle)
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         message = self._from_response(handle.batch, handle.index, response, final)
-        self.channel.send(p.Sent([message], p.flat_frees(self.frees.take())))
+        self.metrics.send([p.Sent([message], p.flat_frees(self.frees.take()))])
 
     def is_cancelled(self, handle: object) -> bool:
         assert isinstance(handle, _Handle)
@@ -490,6 +524,30 @@ class Stub:
             raise pb_utils.TritonModelException(answer.error)
         return answer.value
 
+    # -- custom metrics ----------------------------------------------------------------------
+
+    def metrics_changed(self) -> None:
+        self.metrics.changed()
+
+    def metric_value(self, series: int) -> float | None:
+        """The server's value of a series (every process sharing it counts), after the changes
+        waiting; None while the server's answers are not read (initialize, finalize)."""
+        if not self.serving or self.down:
+            return None
+        call = next(self._call_ids)
+        future: Future[p.Answer] = Future()
+        self._queries[call] = future
+        self._expect_answer()
+        try:
+            self.metrics.send([p.MetricValue(call, series)])
+        except p.ChannelClosed:
+            self._queries.pop(call, None)
+            return None
+        answer = future.result()
+        if answer.error is not None:
+            raise pb_utils.TritonModelException(answer.error)
+        return float(answer.value)
+
     # -- shared memory -----------------------------------------------------------------------
 
     def _announce(self, segment: int, fd: int, size: int) -> None:
@@ -544,7 +602,8 @@ def main(argv: list[str]) -> int:
     except BaseException as error:
         channel.send(p.Ready(_failure(error)))
         return 1
-    channel.send(p.Ready(probes_ready=callable(getattr(stub.model, "is_ready", None))))
+    # the metrics initialize created go first: the server has them before the model is ready
+    stub.metrics.send([p.Ready(probes_ready=callable(getattr(stub.model, "is_ready", None)))])
     stub.serve()
     if hasattr(stub.model, "finalize"):
         try:

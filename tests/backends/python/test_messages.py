@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from naiad.backends.python import protocol as p
+from naiad.backends.python import messages as p
 
 
 def test_messages_round_trip_in_order() -> None:

@@ -118,12 +118,15 @@ class AutoCompleted(msgspec.Struct, tag=True, array_like=True):
 
 class Executed(msgspec.Struct, tag=True, array_like=True):
     """`execute` returned for `batch`: the responses it returned (and any sent before), or the
-    exception it raised, which fails every request of the batch still open."""
+    exception it raised, which fails every request of the batch still open. `times` are the
+    execution's phases (time.monotonic_ns(), one clock for every process): started, requests
+    ready for the model, execute returned, outputs written."""
 
     batch: int
     responses: list[Response]
     error: str | None = None
     frees: list[int] = []
+    times: list[int] = []
 
 
 class Sent(msgspec.Struct, tag=True, array_like=True):
@@ -347,3 +350,67 @@ def deserialize_bytes(buffer: memoryview | bytes | np.ndarray, shape: tuple[int,
         result[i] = data[position : position + length]
         position += length
     return result.reshape(shape)
+
+
+# -- custom metrics (pb_utils.MetricFamily / Metric) ----------------------------------------------
+
+
+class MetricFamilyDeclared(msgspec.Struct, tag=True, array_like=True):
+    name: str
+    description: str
+    kind: str  # "counter", "gauge" or "histogram"
+
+
+class MetricSeriesAcquired(msgspec.Struct, tag=True, array_like=True):
+    """The process created series `series` (its own id) of `family` with these labels."""
+
+    series: int
+    family: str
+    labels: dict[str, str]
+    buckets: list[float] | None = None
+
+
+class MetricSeriesUpdated(msgspec.Struct, tag=True, array_like=True):
+    """Changes since the last update: a gauge value set at `set_ns` (monotonic clock), then
+    `add`; histogram observations as counts per bucket (+Inf last) and their sum."""
+
+    series: int
+    add: float = 0.0
+    set_value: float | None = None
+    set_ns: int = 0
+    bucket_adds: list[int] = []
+    sum_add: float = 0.0
+
+
+class MetricSeriesReleased(msgspec.Struct, tag=True, array_like=True):
+    series: int
+
+
+MetricChange = MetricFamilyDeclared | MetricSeriesAcquired | MetricSeriesUpdated | MetricSeriesReleased
+
+
+class CustomMetrics(msgspec.Struct, tag=True, array_like=True):
+    """model process -> server: custom-metric changes, in order. `epoch` names the process (a
+    restarted process of the same instance has another one)."""
+
+    epoch: int
+    changes: list[MetricChange]
+
+
+class MetricValue(msgspec.Struct, tag=True, array_like=True):
+    """model process -> server: the registry's value of one of its series, answered by `Answer`."""
+
+    call: int
+    series: int
+
+
+class MetricRejected(msgspec.Struct, tag=True, array_like=True):
+    """server -> model process: the registry refused a family (series 0) or a series."""
+
+    family: str
+    series: int
+    error: str
+
+
+# The channel decodes every message of the union as it stands once the module is loaded.
+Message = Message | CustomMetrics | MetricValue | MetricRejected  # type: ignore[misc]

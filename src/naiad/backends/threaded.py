@@ -1,0 +1,134 @@
+"""The instance contract on a thread, for backends whose `execute(batch)` blocks.
+
+Framework backends (onnxruntime, torch, tensorflow, openvino, tensorrt, identity, repeat) write
+one synchronous method; `ThreadedInstance` turns it into the non-blocking `submit`: each instance
+has one thread that runs its batches one after the other. `submit` queues the batch and wakes the
+thread (the only hand-off per batch); the thread times the phases (gathering the inputs into one
+array per tensor is compute_input, `execute` is compute_infer except for its final Batch.split of
+the outputs per request, which is compute_output), reports `executed`, then sends each request's
+result. A scheduler that
+planned the next batch meanwhile finds the thread still running: it takes it without sleeping.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+
+from naiad.backends.base import Batch, BatchSender, ExecutionTimes, ModelInstance, Outputs, RequestResult
+from naiad.errors import InternalError, NaiadError
+
+log = logging.getLogger(__name__)
+
+#: send(request index in the batch, outputs / error / None for a flags-only response, final)
+Send = Callable[[int, Outputs | Exception | None, bool], None]
+
+
+class ThreadedInstance(ModelInstance):
+    """Subclasses implement `execute` (and, when `decoupled`, `execute_decoupled`); `execute` is
+    only ever called from the instance's own thread, one batch at a time."""
+
+    #: answer through `execute_decoupled` (any number of responses per request) instead of `execute`
+    decoupled: bool = False
+    #: name of the instance's thread (subclasses may set it in their __init__)
+    thread_name: str = "instance"
+
+    _thread: threading.Thread | None = None
+    _work: collections.deque[tuple[Batch, BatchSender]]
+    _wake: threading.Condition
+    _closing: bool = False
+
+    @abstractmethod
+    def execute(self, batch: Batch) -> Sequence[RequestResult]:
+        """Run the batch; return one result per request, in order: a dict of output arrays, or
+        an exception for that request alone. Raising means the instance itself failed: every
+        request in the batch fails."""
+
+    def execute_decoupled(self, batch: Batch, send: Send) -> None:
+        """Decoupled models answer through `send`: any number of responses per request, the last
+        one with final=True. A request left without its final response when this returns is
+        closed with an empty final response."""
+        raise NotImplementedError(f"{type(self).__name__} does not support decoupled models")
+
+    # -- ModelInstance -------------------------------------------------------------------------
+
+    def submit(self, batch: Batch, sender: BatchSender) -> bool:
+        if self._thread is None:
+            self._start_thread()
+        with self._wake:
+            if self._closing:
+                return False
+            self._work.append((batch, sender))
+            self._wake.notify()
+        return True
+
+    def close(self) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if thread is not threading.current_thread():
+            thread.join()
+
+    def _start_thread(self) -> None:
+        # Lazily, so subclasses need not call an __init__ of this class.
+        self._work = collections.deque()
+        self._wake = threading.Condition()
+        thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+        self._thread = thread
+        thread.start()
+
+    # -- the instance's thread -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        work, wake = self._work, self._wake
+        while True:
+            with wake:
+                while not work:
+                    if self._closing:
+                        return
+                    wake.wait()
+                batch, sender = work.popleft()
+            if self.decoupled:
+                self._run_decoupled(batch, sender)
+            else:
+                self._run(batch, sender)
+
+    def _run(self, batch: Batch, sender: BatchSender) -> None:
+        start = time.monotonic_ns()
+        batch.inputs()  # gathering (concatenating) the inputs is compute_input
+        input_end = time.monotonic_ns()
+        try:
+            results = self.execute(batch)
+            if len(results) != len(batch.requests):
+                raise InternalError(f"returned {len(results)} results for {len(batch.requests)} requests")
+        except Exception as error:  # the instance failed: every request in the batch fails
+            log.exception("%s failed to execute", self.thread_name)
+            results = [_internal(error)] * len(batch.requests)
+        end = time.monotonic_ns()
+        # execute ends by splitting its outputs per request (Batch.split): that is compute_output
+        sender.executed(ExecutionTimes(start, input_end, end - batch.split_ns, end))
+        for index, result in enumerate(results):
+            sender.send(index, result, True)
+
+    def _run_decoupled(self, batch: Batch, sender: BatchSender) -> None:
+        start = time.monotonic_ns()
+        error: Exception | None = None
+        try:
+            self.execute_decoupled(batch, sender.send)
+        except Exception as raised:  # the instance failed: every open request fails
+            log.exception("%s failed to execute", self.thread_name)
+            error = _internal(raised)
+        end = time.monotonic_ns()
+        sender.executed(ExecutionTimes(start, start, end, end))
+        sender.close_open(error)
+
+
+def _internal(error: Exception) -> NaiadError:
+    return error if isinstance(error, NaiadError) else InternalError(str(error) or type(error).__name__)
