@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import cast
 
 import grpc
 import msgspec
@@ -14,16 +15,19 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2
 
 from naiad.cli import build_parser, options_from_args
+from naiad.core.server import InferenceServer
 from naiad.frontends.access import (
     API_GROUPS,
     GRPC_HEADER_PREFIX,
     MISSING_TOKEN,
+    PUBLIC,
     WRONG_TOKEN,
     Denial,
     gates,
     parse_restricted,
     read_token,
 )
+from naiad.frontends.console.endpoints import ConsoleEndpoints
 from naiad.frontends.grpc.access import METHOD_GROUPS, grpc_gates, guard
 from naiad.frontends.http import handlers
 from naiad.frontends.http.access import ACTION_GROUPS, NO_ROUTE, check, http_gates
@@ -159,8 +163,21 @@ def test_http_refusals() -> None:
 
 def test_every_http_route_has_a_group() -> None:
     actions = {action for action, _ in handlers.HANDLERS}
-    assert actions <= set(ACTION_GROUPS)
-    assert set(ACTION_GROUPS.values()) - {None} == set(API_GROUPS)
+    console = {action for action, _ in ConsoleEndpoints(cast(InferenceServer, None)).handlers()}
+    assert actions | console <= set(ACTION_GROUPS)
+    assert set(ACTION_GROUPS.values()) - {None, PUBLIC} == set(API_GROUPS)
+
+
+def test_public_routes_need_nothing() -> None:
+    """The console's page and files answer without the token or a restricted header (a browser
+    opening a page sends neither); its data endpoints follow their API group's rules."""
+    table = http_gates({group: ("key", "v") for group in API_GROUPS}, "t", True)
+    assert "console_page" not in table and "console_asset" not in table
+    assert check(table["console_live"], {}) is not None
+    assert check(table["console_live"], {b"authorization": b"Bearer t", b"key": b"v"}) is None
+    assert table["console_live"].header == table["stats_all"].header
+    assert table["console_config"].header == table["model_config"].header
+    assert table["console_infer"].header == table["model_infer"].header
 
 
 def test_every_grpc_method_has_a_group() -> None:

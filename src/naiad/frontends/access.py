@@ -17,6 +17,10 @@ from enum import Enum
 API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
               "statistics", "trace", "logging")
 
+#: Not an API group: routes that need no token and no restricted header (the web console's
+#: static files, which hold no data).
+PUBLIC = "public"
+
 #: What gRPC prefixes to a restricted key: the metadata checked is `triton-grpc-protocol-<key>`.
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
@@ -108,7 +112,7 @@ class Gate:
 
 def gates(groups: Mapping[str, str | None], restricted: Mapping[str, Restriction], token: str,
           token_for_health: bool, restricted_message: str) -> dict[str, Gate]:
-    """A gate for each route (key of `groups`, valued by its API group or None) that needs one.
+    """A gate for each route (key of `groups`, valued by its API group, PUBLIC or None) that needs one.
 
     `restricted_message` is a format with `{header}` (Triton's HTTP and gRPC texts differ).
     Health routes skip the token unless `token_for_health`: probes (Kubernetes, load
@@ -116,6 +120,8 @@ def gates(groups: Mapping[str, str | None], restricted: Mapping[str, Restriction
     secret = token.encode() if token else None
     table: dict[str, Gate] = {}
     for route, group in groups.items():
+        if group == PUBLIC:
+            continue
         needs_token = secret if group != "health" or token_for_health else None
         restriction = restricted.get(group) if group is not None else None
         if needs_token is None and restriction is None:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from naiad.core.server import SharedMemoryRegistry
+from naiad.core.shared_memory import SharedMemoryRegistry
 from naiad.errors import InternalError, InvalidArgument, NotFound, Unsupported
 from naiad.frontends.tensors import tensor_from_raw, tensor_to_raw
 from naiad.types import InferRequest, InferResponse
@@ -82,9 +82,14 @@ def _unsigned(value: Any, key: str, tensor_name: str) -> int:
 
 def uses_shared_memory(request: InferRequest) -> bool:
     """Whether any input or requested output names a shared-memory region (cheap; call first)."""
-    return any(REGION in t.parameters for t in request.inputs) or any(
-        REGION in o.parameters for o in request.outputs or ()
-    )
+    # Loops, not any(): no generator per request on the hot path.
+    for tensor in request.inputs:
+        if tensor.parameters and REGION in tensor.parameters:
+            return True
+    for output in request.outputs or ():  # noqa: SIM110 - see above
+        if output.parameters and REGION in output.parameters:
+            return True
+    return False
 
 
 def region_names(request: InferRequest) -> set[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -23,6 +24,12 @@ from naiad.frontends.grpc.wire.server import WireServer
 from naiad.observability.tracing import Tracer
 from naiad.types import DataType, InferRequest, InferResponse, Tensor
 
+# A request with the parameter `after: <id>` answers only once request <id> has been answered:
+# it can finish only if the two are served at the same time, which a test can then assert on
+# without timing anything.
+AFTER = "after"
+AFTER_LIMIT_S = 10
+
 
 class ScriptedServer:
     """Answers like InferenceServer: OUT = IN after `delay` ms (the first element of IN);
@@ -31,6 +38,11 @@ class ScriptedServer:
     def __init__(self) -> None:
         self.requests: list[InferRequest] = []
         self.tracer = Tracer()  # tracing off, as by default
+        self.answered: dict[str, asyncio.Event] = {}
+        self.tasks: set[asyncio.Task[None]] = set()  # infer_soon's, kept referenced until done
+
+    def _answered(self, request_id: str) -> asyncio.Event:
+        return self.answered.setdefault(request_id, asyncio.Event())
 
     def is_decoupled(self, name: str, version: int | None) -> bool:
         if name == "nope":
@@ -44,8 +56,40 @@ class ScriptedServer:
             return response
         raise AssertionError("no response")
 
+    def infer_soon(self, request: InferRequest, answer: Callable[[InferResponse], None],
+                   decoupled_error: str) -> SimpleNamespace:
+        """`infer` answering through `answer` on the loop, as InferenceServer.infer_soon."""
+        if self.is_decoupled(request.model_name, request.model_version):
+            raise Unsupported(decoupled_error)
+        job = SimpleNamespace(cancelled=False)
+
+        async def run() -> None:
+            async for response in self.stream(request):
+                if not job.cancelled:
+                    answer(response)
+                return
+
+        self.tasks.add(task := asyncio.get_running_loop().create_task(run()))
+        task.add_done_callback(self.tasks.discard)
+        return job
+
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         self.requests.append(request)
+        try:
+            async for response in self._answers(request):
+                yield response
+        finally:
+            self._answered(request.id).set()
+
+    async def _answers(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        if AFTER in request.parameters:
+            other = str(request.parameters[AFTER])
+            try:
+                await asyncio.wait_for(self._answered(other).wait(), AFTER_LIMIT_S)
+            except TimeoutError:
+                yield InferResponse(request.model_name, "1", request.id,
+                                    error=InvalidArgument(f"{request.id}: '{other}' was never answered meanwhile"))
+                return
         values = request.inputs[0].data.reshape(-1)
         if values.size and values[0] < 0:
             yield InferResponse(request.model_name, "1", request.id, error=InvalidArgument(f"bad {request.id}"))
@@ -144,11 +188,13 @@ def test_unary_infer_maps_errors_and_refuses_decoupled_models(transport: str) ->
 
 def test_stream_answers_non_decoupled_requests_in_arrival_order(transport: str) -> None:
     async def body(client: aioclient.InferenceServerClient, fake: ScriptedServer) -> None:
-        # The first request takes longest; all three run at once, the answers keep their order.
-        items = [{"model_name": "m", "inputs": _inputs(ms), "request_id": str(i)} for i, ms in enumerate((300, 1, 1))]
-        started = asyncio.get_running_loop().time()
+        # The first request is answered only after the last: all three run at once (one after
+        # the other, "0" would wait for "2" in vain), and the answers keep their order.
+        items = [{"model_name": "m", "inputs": _inputs(1), "request_id": "0", "parameters": {AFTER: "2"}},
+                 {"model_name": "m", "inputs": _inputs(1), "request_id": "1"},
+                 {"model_name": "m", "inputs": _inputs(1), "request_id": "2"}]
         answers = [(result, error) async for result, error in client.stream_infer(_requests(*items))]
-        assert asyncio.get_running_loop().time() - started < 0.6  # not one after the other (0.9 s)
+        assert [error for _, error in answers] == [None] * 3
         assert [r.get_response().id for r, _ in answers] == ["0", "1", "2"]
         assert all(r.get_response().parameters["triton_final_response"].bool_param for r, _ in answers)
 
@@ -157,7 +203,10 @@ def test_stream_answers_non_decoupled_requests_in_arrival_order(transport: str) 
 
 def test_stream_decoupled_responses_come_as_they_are_ready(transport: str) -> None:
     async def body(client: aioclient.InferenceServerClient, fake: ScriptedServer) -> None:
-        items = [{"model_name": "dec", "inputs": _inputs(200, 200), "request_id": "slow"},
+        # "slow" answers only once "fast" has been answered in full: served one after the other,
+        # "slow" would wait for "fast" in vain.
+        items = [{"model_name": "dec", "inputs": _inputs(200, 200), "request_id": "slow",
+                  "parameters": {AFTER: "fast"}},
                  {"model_name": "dec", "inputs": _inputs(1, 1, 1), "request_id": "fast"}]
         answers = [result async for result, _ in client.stream_infer(_requests(*items))]
         ids = [r.get_response().id for r in answers]

@@ -481,11 +481,15 @@ def test_a_client_that_goes_away_before_the_first_response_cancels_too() -> None
 
 
 def test_a_slow_reader_holds_the_stream_back() -> None:
+    release = asyncio.Event()
+
     async def main() -> None:
-        core = FakeCore([_out(1), _out(2), FINAL])
+        core = FakeCore([release.wait, _out(1), _out(2), FINAL])
         connection = Connection(core)
-        connection.protocol.pause_writing()  # as asyncio does when the write buffer is full
         connection.post("/v2/models/m/generate_stream", BODY)
+        await connection.settle()
+        connection.protocol.pause_writing()  # as asyncio does when the write buffer is full
+        release.set()
         await connection.settle()
         assert b"200 OK" in connection.transport.data and b'"OUT"' not in connection.transport.data
         connection.protocol.resume_writing()

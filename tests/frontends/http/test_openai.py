@@ -98,7 +98,7 @@ def test_completion_logprobs_shape_includes_the_sampled_token_and_offsets() -> N
 
 
 def test_usage_counts_the_prompt_once_and_sums_the_completions() -> None:
-    assert _usage([_Choice(prompt_tokens=10, completion_tokens=3), _Choice(prompt_tokens=10, completion_tokens=5)]) \
+    assert _usage([_Choice(prompt_tokens=10, completion_tokens=3), _Choice(prompt_tokens=10, completion_tokens=5)], 2) \
         == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}
 
 
@@ -106,3 +106,46 @@ def test_no_logprobs_unless_asked() -> None:
     body = _call().completion([_Choice("x", "stop", 1, 1, ENTRIES)])
     assert body["choices"][0]["logprobs"] is None
     assert "logprobs" not in _call().requests[0].parameters
+
+
+def test_content_as_text_parts_is_joined_by_newlines() -> None:
+    call = _call(messages=[{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                           {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    sent = call.requests[0].inputs[0].data[0].decode()
+    assert json.loads(sent) == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a\nb"}]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ([{"type": "image_url", "image_url": {"url": "data:,"}}], "parts of type 'image_url' are not supported"),
+    ([{"type": "text"}], "needs a string 'text'"),
+    ([], "non-empty array of parts"),
+    (None, "must be a string or a non-empty array"),
+    (["plain"], "parts of type 'str'"),
+])
+def test_bad_content_parts_are_refused(content: Any, message: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        _call(messages=[{"role": "user", "content": content}])
+    assert message in caught.value.message and "messages[0]" in caught.value.message
+
+
+def test_a_batch_of_prompts_orders_choices_by_prompt_then_n() -> None:
+    call = _call(False, prompt=["one", "two"], n=2, seed=3)
+    texts = [request.inputs[0].data[0].decode() for request in call.requests]
+    assert texts == ["one", "one", "two", "two"]
+    assert [request.parameters["seed"] for request in call.requests] == [3, 4, 3, 4]
+    usage = call.completion([_Choice("x", "stop", 5, 1), _Choice("y", "stop", 5, 2),
+                             _Choice("z", "stop", 7, 3), _Choice("w", "stop", 7, 4)])["usage"]
+    assert usage == {"prompt_tokens": 12, "completion_tokens": 10, "total_tokens": 22}
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ([1, 2, 3], "token ids is not supported"),
+    ([[1, 2], [3]], "token ids is not supported"),
+    ([], "non-empty array of strings"),
+    (["a", 1], "non-empty array of strings"),
+    (["a"] * 20, "more than 2048 choices"),
+])
+def test_bad_prompts_are_refused(prompt: Any, message: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        _call(False, prompt=prompt, n=128 if len(prompt) == 20 else 1)
+    assert message in caught.value.message

@@ -93,3 +93,73 @@ def test_a_dispatch_crash_is_a_500_and_the_connection_survives():
 
     transport = _run(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n", crash)
     assert transport.data.startswith(b"HTTP/1.1 500 Internal Server Error\r\n") and not transport.closed
+
+
+def test_one_read_of_many_pipelined_requests_is_no_oversized_head():
+    """Head bytes count per request: a read that begins inside one head and holds 3,000 more
+    requests (~93 KiB, past the 64 KiB head limit together) gets them all answered, no 431."""
+    async def main() -> FakeTransport:
+        transport = FakeTransport()
+        protocol = HttpProtocol(_echo_path, 1 << 20, Connections())
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET /first HTTP/1.1\r\nHo")
+        requests = b"".join(b"GET /%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(3000))
+        protocol.data_received(b"st: x\r\n\r\n" + requests + b"GET /tail")  # ... and the start of one more
+        for _ in range(10_000):  # until all are answered (or a 431 closed the connection)
+            if transport.closed or transport.data.count(b"HTTP/1.1 200 OK\r\n") == 3001:
+                break
+            await asyncio.sleep(0.001)
+        return transport
+
+    transport = asyncio.run(main())
+    assert transport.data.count(b"HTTP/1.1 200 OK\r\n") == 3001 and b" 431 " not in transport.data
+
+
+def test_reading_and_answering_wait_while_the_client_reads_nothing():
+    async def main() -> FakeTransport:
+        transport = FakeTransport()
+        protocol = HttpProtocol(_echo_path, 1 << 20, Connections())
+        protocol.connection_made(transport)
+        protocol.pause_writing()  # the socket's send buffer is full
+        assert transport.paused
+        protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0.01)
+        assert transport.data == b""  # nothing answered into a full buffer
+        protocol.resume_writing()
+        await asyncio.sleep(0.02)
+        assert not transport.paused
+        return transport
+
+    transport = asyncio.run(main())
+    assert transport.data.count(b"HTTP/1.1 200 OK\r\n") == 2
+
+
+def test_a_request_refused_from_its_headers_is_answered_before_its_body():
+    def admit(url, headers):
+        return None if headers.get(b"authorization") == b"ok" else Reply(401, b'{"error":"no"}')
+
+    async def main() -> FakeTransport:
+        transport = FakeTransport()
+        protocol = HttpProtocol(_echo_path, 1 << 30, Connections(), admit=admit)
+        protocol.connection_made(transport)
+        protocol.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
+        assert transport.data.startswith(b"HTTP/1.1 401 ") and b"connection: close" in transport.data
+        protocol.data_received(b"a" * 1_000_000)  # read and dropped
+        assert not protocol.current.body and not transport.closed
+        return transport
+
+    asyncio.run(main())
+
+
+def test_an_idle_keep_alive_connection_is_closed():
+    async def main() -> FakeTransport:
+        transport = FakeTransport()
+        protocol = HttpProtocol(_echo_path, 1 << 20, Connections(), idle_timeout=0.05)
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0.03)
+        assert not transport.closed
+        await asyncio.sleep(0.05)
+        return transport
+
+    assert asyncio.run(main()).closed

@@ -37,9 +37,27 @@ def test_known_paths(path, route):
 
 @pytest.mark.parametrize(
     "path",
-    ["/", "/v1/models/x", "/v2/models/simple/versions/abc", "/v2/models/simple/explode", "/v2/models",
+    ["/v1/models/x", "/console", "/console/", "/console/../x.js", "/console/a/b.js", "/console/api/models/m/x",
+     "/v2/models/simple/versions/abc", "/v2/models/simple/explode", "/v2/models",
      "/v2/systemsharedmemory", "/v2/systemsharedmemory/region/a/b/status", "/v2/systemsharedmemory/region//status",
      "/v2/systemsharedmemory/region/a/delete"],
 )
 def test_unknown_paths(path):
     assert match(path) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "route"),
+    [
+        ("/", Route("console_page")),
+        ("/console/app.js", Route("console_asset", asset="app.js")),
+        ("/console/favicon.svg", Route("console_asset", asset="favicon.svg")),
+        ("/console/api/live", Route("console_live")),
+        ("/console/api/models/simple/config.pbtxt", Route("console_config", "simple")),
+        ("/console/api/models/simple/versions/2/config.pbtxt", Route("console_config", "simple", 2)),
+        ("/console/api/models/simple/infer", Route("console_infer", "simple")),
+        ("/console/api/models/simple/versions/1/infer", Route("console_infer", "simple", 1)),
+    ],
+)
+def test_console_paths(path, route):
+    assert match(path) == route

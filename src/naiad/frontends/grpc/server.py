@@ -18,7 +18,8 @@ from tritonclient.grpc import service_pb2
 from naiad.config.options import ServerOptions
 from naiad.core.server import InferenceServer
 from naiad.errors import Unavailable
-from naiad.frontends.grpc.access import grpc_gates, guard
+from naiad.frontends.connections import ConnectionLimit
+from naiad.frontends.grpc.access import grpc_gates, guard, header_checks
 from naiad.frontends.grpc.grpcio_server import GrpcioServer
 from naiad.frontends.grpc.health import HealthService
 from naiad.frontends.grpc.service import GrpcInferenceService
@@ -46,8 +47,9 @@ class Transport(Protocol):
 class GrpcService:
     """The gRPC frontend: servicers on the transport --grpc-transport names (naiad | grpcio)."""
 
-    def __init__(self, server: InferenceServer, options: ServerOptions) -> None:
+    def __init__(self, server: InferenceServer, options: ServerOptions, limit: ConnectionLimit | None = None) -> None:
         self.server = server
+        self.limit = limit  # --max-connections (naiad's own transport; grpcio counts its own)
         self.host, self.port = options.grpc_address, options.grpc_port
         self.options = options.grpc
         self.transport_name = options.grpc.transport
@@ -71,13 +73,14 @@ class GrpcService:
         health = HealthService(self.server)
         access = self.access
         gated = grpc_gates(access.grpc_restricted, access.auth_token, access.auth_health)
-        if gated:
-            guard([service, health], gated)
         if self.transport_name == "grpcio":
-            return GrpcioServer(service, health, self.options, tls)
+            if gated:
+                guard([service, health], gated)
+            return GrpcioServer(service, health, self.options, tls, self.limit)
+        # naiad's own transport checks access at a call's headers, before reading its body.
         table = routes([(service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], service),
-                        (health_pb2.DESCRIPTOR.services_by_name["Health"], health)])
-        return WireServer(table, self.options, ssl_context(tls) if tls else None)
+                        (health_pb2.DESCRIPTOR.services_by_name["Health"], health)], header_checks(gated))
+        return WireServer(table, self.options, ssl_context(tls) if tls else None, self.limit)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop listening; calls still open after `grace` seconds are cancelled."""

@@ -24,8 +24,9 @@ from naiad.frontends.grpc import infer, messages
 from naiad.frontends.grpc.codec import encode_infer_response
 from naiad.frontends.grpc.context import CallContext, compress
 from naiad.frontends.grpc.parameters import parse_version
-from naiad.frontends.grpc.status import grpc_code
+from naiad.frontends.grpc.status import as_naiad_error, grpc_code
 from naiad.frontends.grpc.stream import StreamSession
+from naiad.types import InferResponse
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,48 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             else:
                 tracer.finish(trace)
         return encode_infer_response(response, written)
+
+    def soon_handlers(self) -> dict[str, Callable[[Any, Any], bool]]:
+        """Unary methods naiad's transport may answer without a task (wire.router.Route.soon)."""
+        return {"ModelInfer": self.model_infer_soon}
+
+    def model_infer_soon(self, request: pb.ModelInferRequest, call: Any) -> bool:
+        """ModelInfer without a task, for the common request: no response compression, tracing
+        off, no shared memory (those take `ModelInfer`, returning False). Same answers as it."""
+        if self.compression is not None or self.server.tracer.active:
+            return False
+        try:
+            decoded = infer.decode(request, call, self.forward_pattern)
+            if shm.uses_shared_memory(decoded):
+                return False  # ModelInfer decodes it again: shared memory is not the hot path
+
+            def answered(response: InferResponse) -> None:
+                if response.error is not None:
+                    error = as_naiad_error(response.error)
+                    call.finish(grpc_code(error.status), error.message)
+                    return
+                try:
+                    reply = encode_infer_response(response)
+                except NaiadError as error:
+                    call.finish(grpc_code(error.status), error.message)
+                    return
+                except Exception:
+                    log.exception("unhandled error in ModelInfer")
+                    call.finish(grpc.StatusCode.INTERNAL, "internal server error")
+                    return
+                call.answer(reply)
+
+            job = self.server.infer_soon(decoded, answered, infer.DECOUPLED_ERROR)
+        except NaiadError as error:
+            call.finish(grpc_code(error.status), error.message)
+            return True
+        except Exception:
+            log.exception("unhandled error in ModelInfer")
+            call.finish(grpc.StatusCode.INTERNAL, "internal server error")
+            return True
+        if not call.closed:  # not answered already (a cache hit, an early refusal)
+            call.on_cancel = functools.partial(setattr, job, "cancelled", True)
+        return True
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: Context) -> None:

@@ -33,9 +33,11 @@ log = logging.getLogger(__name__)
 FINAL = "triton_final_response"
 GRPC_ERROR_HEADER = "triton_grpc_error"
 _DONE = object()  # queued once the client has half-closed and every request is answered
-# Requests one stream may have running or answered-but-unwritten; past it the stream stops
-# reading, so the transport's flow control holds the client back instead of memory growing.
+# Requests one stream may have running or answered-but-unwritten, and their bytes; past either
+# the stream stops reading, so the transport's flow control holds the client back instead of
+# memory growing (64 requests of 1 MiB each used to be 64 MiB per stream).
 MAX_IN_FLIGHT = 64
+MAX_IN_FLIGHT_BYTES = 16 << 20
 
 
 class StreamSession:
@@ -53,6 +55,7 @@ class StreamSession:
         self.ordered: collections.deque[asyncio.Future[list[Any]]] = collections.deque()
         self.tasks: set[asyncio.Task[None]] = set()
         self.reading = True
+        self.in_flight_bytes = 0
         self.room = asyncio.Event()  # set whenever a request finishes or an answer is written
 
     async def run(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
@@ -74,7 +77,7 @@ class StreamSession:
     async def _read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
         try:
             async for message in requests:
-                while self._occupancy() >= MAX_IN_FLIGHT:
+                while self._occupancy() >= MAX_IN_FLIGHT or self.in_flight_bytes >= MAX_IN_FLIGHT_BYTES:
                     self.room.clear()
                     await self.room.wait()
                 self._start(message)
@@ -87,7 +90,9 @@ class StreamSession:
 
     def _start(self, message: pb.ModelInferRequest) -> None:
         slot = None if self._decoupled(message) else self._reserve()
-        task = asyncio.create_task(self._serve(message, slot))
+        size = message.ByteSize()
+        self.in_flight_bytes += size
+        task = asyncio.create_task(self._serve(message, slot, size))
         self.tasks.add(task)
         task.add_done_callback(self._finished)
 
@@ -103,7 +108,8 @@ class StreamSession:
         self.ordered.append(slot)
         return slot
 
-    async def _serve(self, message: pb.ModelInferRequest, slot: asyncio.Future[list[Any]] | None) -> None:
+    async def _serve(self, message: pb.ModelInferRequest, slot: asyncio.Future[list[Any]] | None,
+                     size: int) -> None:
         answers: list[Any] = []
         emit = answers.append if slot is not None else self.outbox.put_nowait
         try:
@@ -119,6 +125,7 @@ class StreamSession:
             log.exception("stream request failed")
             emit(self._failure(as_naiad_error(error), _error_response(message)))
         finally:
+            self.in_flight_bytes -= size
             if slot is not None and not slot.done():
                 slot.set_result(answers)
                 self._flush_ordered()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from naiad.frontends.access import Denial, Gate, Restriction, gates
+from naiad.frontends.access import PUBLIC, Denial, Gate, Restriction, gates
 from naiad.frontends.http.reply import Reply
 
 #: The route for a path that matches none (`routes.match` gives None): it needs the token only.
@@ -22,7 +22,8 @@ ACTION_GROUPS: dict[str, str | None] = {
     "live": "health", "ready_server": "health", "model_ready": "health",
     "server_metadata": "metadata", "model_metadata": "metadata", "openapi": "metadata", "model_labels": "metadata",
     "model_infer": "inference", "model_generate": "inference", "model_generate_stream": "inference",
-    "openai_completions": "inference", "openai_chat_completions": "inference",
+    "openai_completions": "inference", "openai_chat_completions": "inference", "openai_embeddings": "inference",
+    "openai_rerank": "inference", "openai_score": "inference",
     "model_config": "model-config",
     "index": "model-repository", "load": "model-repository", "unload": "model-repository",
     "openai_models": "model-repository",
@@ -31,6 +32,10 @@ ACTION_GROUPS: dict[str, str | None] = {
     "cuda_status": "shared-memory", "cuda_register": "shared-memory", "cuda_unregister": "shared-memory",
     "trace": "trace",
     "logging": "logging",
+    # The web console: its page and files are public (a browser cannot send a bearer token when
+    # it opens a page; the page asks for one), its data follows the API it reveals.
+    "console_page": PUBLIC, "console_asset": PUBLIC,
+    "console_live": "statistics", "console_config": "model-config", "console_infer": "inference",
     NO_ROUTE: None,
 }
 

@@ -7,6 +7,10 @@ turns (method, path, headers, body) into a Reply. Only this package knows HTTP s
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Mapping
+from urllib.parse import unquote
+
+import httptools
 
 from naiad.core.server import InferenceServer
 from naiad.errors import NaiadError
@@ -14,20 +18,32 @@ from naiad.frontends.access import Gate
 from naiad.frontends.http import handlers
 from naiad.frontends.http.access import NO_ROUTE, check
 from naiad.frontends.http.compression import choose_encoding, compress, decompress
-from naiad.frontends.http.reply import Reply, error_reply
+from naiad.frontends.http.reply import Headers, Reply, error_reply
 from naiad.frontends.http.routes import Route, match
 
 log = logging.getLogger(__name__)
 
-Headers = dict[bytes, bytes]
-_ACTIONS = {action for action, _ in handlers.HANDLERS}
 
 
 class HttpApp:
-    def __init__(self, server: InferenceServer, max_input_size: int, gates: dict[str, Gate] | None = None) -> None:
+    def __init__(self, server: InferenceServer, max_input_size: int, gates: dict[str, Gate] | None = None,
+                 extra: Mapping[tuple[str, str], handlers.Handler] | None = None) -> None:
         self.server = server
         self.max_input_size = max_input_size
         self.gates = gates or None  # route action → access check (http/access.py); None: no checks
+        # (action, method) → handler; `extra` adds the web console's (naiad.frontends.console)
+        self.handlers = {**handlers.HANDLERS, **(extra or {})}
+        self.actions = {action for action, _ in self.handlers}
+
+    def admit(self, url: bytes, headers: Headers) -> Reply | None:
+        """The access check from a request's URL and headers alone, so that a refused request
+        is answered before its body is read (the protocol calls it; dispatch checks again)."""
+        if self.gates is None:
+            return None
+        path = unquote(httptools.parse_url(url).path.decode("latin-1"))
+        route = match(path)
+        gate = self.gates.get(route.action if route is not None else NO_ROUTE)
+        return check(gate, headers) if gate is not None else None
 
     async def dispatch(self, method: str, path: str, headers: Headers,
                        body: bytes) -> tuple[Reply, list[tuple[bytes, bytes]]]:
@@ -51,12 +67,51 @@ class HttpApp:
             return reply, []
         return self._compress(reply, headers)
 
+    def dispatch_now(self, method: str, path: str, headers: Headers, body: bytes,
+                     answer: Callable[[Reply, list[tuple[bytes, bytes]]], None],
+                     ) -> Callable[[], None] | Awaitable[tuple[Reply, list[tuple[bytes, bytes]]]]:
+        """Answer without a task of its own when the request allows (an inference: decode, queue,
+        and `answer` from the event loop once its response is in): returns what cancels it if the
+        client goes away. Any other request returns the awaitable that answers it instead."""
+        route = match(path)
+        if (route is None or route.action != "model_infer" or method != "POST" or self.server.tracer.active
+                or headers.get(b"content-encoding")):
+            return self.dispatch(method, path, headers, body)
+        if self.gates is not None:
+            gate = self.gates.get(route.action)
+            refused = check(gate, headers) if gate is not None else None
+            if refused is not None:
+                answer(refused, [])
+                return _nothing
+
+        def answered(reply: Reply) -> None:
+            if reply.status == 200:
+                answer(*self._compress(reply, headers))
+            else:
+                answer(reply, [])
+
+        try:
+            started = handlers.model_infer_now(self.server, route, body, headers, answered)
+        except NaiadError as error:
+            answer(error_reply(error), [])
+            return _nothing
+        if callable(started):
+            return started
+        return self._finish(started, headers)  # tensors in shared memory: the general path
+
+    async def _finish(self, handling: Awaitable[Reply], headers: Headers) -> tuple[Reply, list[tuple[bytes, bytes]]]:
+        try:
+            reply = await handling
+        except NaiadError as error:
+            return error_reply(error), []
+        return self._compress(reply, headers) if reply.status == 200 else (reply, [])
+
     async def _handle(self, method: str, route: Route | None, headers: Headers, body: bytes) -> Reply:
         if route is None:
             return _not_found()
-        handler = handlers.HANDLERS.get((route.action, method))
+        handler = self.handlers.get((route.action, method))
         if handler is None:
-            if route.action in _ACTIONS:
+            if route.action in self.actions:
                 return Reply(405, b'{"error":"Method Not Allowed"}')
             return _not_found()
         encoding = headers.get(b"content-encoding")
@@ -72,6 +127,10 @@ class HttpApp:
             return reply, []
         reply.body = compress(reply.body, encoding)
         return reply, [(b"content-encoding", encoding.encode())]
+
+
+def _nothing() -> None:
+    pass
 
 
 def _not_found() -> Reply:

@@ -69,7 +69,7 @@ class _InputHead(NamedTuple):
     name: str
     datatype: DataType
     shape: tuple[int, ...]
-    count: int
+    elements: int
     parameters: dict[str, Any]
 
 
@@ -258,7 +258,7 @@ def _input_data(head: _InputHead, item: dict[str, Any], body: _Body) -> np.ndarr
     size = head.parameters.get("binary_data_size", _MISSING)
     if size is not _MISSING:
         raw = _take(head, size, body)
-        return tensor_from_raw(head.name, head.datatype, head.shape, raw, body.model_name, count=head.count)
+        return tensor_from_raw(head.name, head.datatype, head.shape, raw, body.model_name, count=head.elements)
     if _SHM_REGION in head.parameters:
         _check_shm_parameters(head.parameters)
         # A placeholder: frontends.shared_memory.resolve_inputs reads the data from the region.
@@ -301,7 +301,7 @@ def _take(head: _InputHead, size: Any, body: _Body) -> memoryview:
 
 
 def _json_tensor(head: _InputHead, data: Any) -> np.ndarray:
-    if head.count == 0:
+    if head.elements == 0:
         # Triton never reads 'data' for an empty tensor.
         return np.empty(head.shape, dtype=head.datatype.numpy)
     if not isinstance(data, list):
@@ -311,11 +311,11 @@ def _json_tensor(head: _InputHead, data: Any) -> np.ndarray:
 
 
 def _check_count(head: _InputHead, got: int) -> None:
-    if got != head.count:
+    if got != head.elements:
         shape = "[" + ",".join(map(str, head.shape)) + "]"
         raise InvalidArgument(
             "Unable to parse 'data': Shape does not match true shape of 'data' field for input "
-            f"'{head.name}' (shape {shape} has {head.count} elements, 'data' has {got})"
+            f"'{head.name}' (shape {shape} has {head.elements} elements, 'data' has {got})"
         )
 
 
@@ -550,11 +550,11 @@ def encode_infer_response(
 
 def _shm_output(tensor: Tensor) -> dict[str, Any]:
     """An output written to shared memory: its metadata only (Triton adds no parameters)."""
-    return {"name": tensor.name, "datatype": tensor.datatype.value, "shape": tensor.shape}
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
 
 
 def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype.value, "shape": tensor.shape}
+    entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
     data = None if binary else _json_data(tensor)
     if data is None:  # binary asked for, or BYTES that are not UTF-8 and cannot be JSON strings
         raw = tensor_to_raw(tensor.data, tensor.datatype)

@@ -7,7 +7,7 @@ import base64
 import binascii
 import functools
 import re
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from importlib import resources
 from typing import Any
 
@@ -17,15 +17,14 @@ from naiad.core.labels import REQUEST_PARAMETER
 from naiad.core.server import InferenceServer, Region
 from naiad.errors import InternalError, InvalidArgument, NaiadError
 from naiad.frontends import shared_memory as shm
-from naiad.frontends.http import openai
+from naiad.frontends.http import openai, openai_embeddings, openai_scoring
 from naiad.frontends.http.codec import decode_infer_request, decode_raw_request, encode_infer_response
 from naiad.frontends.http.generate import generate, generate_stream
-from naiad.frontends.http.reply import RECEIVED, Reply, error_reply, json_reply
+from naiad.frontends.http.reply import RECEIVED, Headers, Reply, error_reply, json_reply
 from naiad.frontends.http.routes import Route
 from naiad.frontends.http.tracing import trace_context
 from naiad.types import InferRequest, InferResponse
 
-Headers = dict[bytes, bytes]
 _DECOUPLED_ERROR = "HTTP end point doesn't support models with decoupled transaction policy"
 Handler = Callable[[InferenceServer, Route, bytes, Headers], Awaitable[Reply]]
 _json = json_reply
@@ -42,7 +41,7 @@ def _parse_json(body: bytes) -> Any:
         return {}
     try:
         return msgspec.json.decode(body)
-    except msgspec.DecodeError as error:
+    except (msgspec.DecodeError, RecursionError) as error:  # RecursionError: nested too deep
         raise InvalidArgument(f"failed to parse the request JSON buffer: {error}") from None
 
 
@@ -119,6 +118,40 @@ async def model_infer(server: InferenceServer, route: Route, body: bytes, header
 
 async def _model_infer(server: InferenceServer, route: Route, body: bytes, headers: Headers,
                        tracing: tuple[tuple[int, int] | None, list[InferRequest]] | None) -> Reply:
+    request = _decode(server, route, body, headers)
+    if tracing is not None:
+        received, holder = tracing
+        request.trace_context = trace_context(headers)
+        request.trace_held = True
+        if received is not None:
+            request.trace_stamps = [("HTTP_RECV_START", received[0]), ("HTTP_RECV_END", received[1])]
+        holder.append(request)
+    if shm.uses_shared_memory(request):
+        return await _infer_shared_memory(server, request)
+    return _infer_reply(await _infer(server, request), request)
+
+
+def model_infer_now(server: InferenceServer, route: Route, body: bytes, headers: Headers,
+                    answer: Callable[[Reply], None]) -> Callable[[], None] | Coroutine[Any, Any, Reply]:
+    """The infer endpoint without a task of its own (the common case): decode, queue, and call
+    `answer` with the reply on the event loop once the response is in; returns what cancels the
+    request if the client goes away. Requests with tensors in shared memory return the
+    coroutine that serves them instead (it holds their regions across the wait)."""
+    request = _decode(server, route, body, headers)
+    if shm.uses_shared_memory(request):
+        return _infer_shared_memory(server, request)
+
+    def answered(response: InferResponse) -> None:
+        error = response.error
+        if error is None:
+            answer(_infer_reply(response, request))
+        else:
+            answer(error_reply(error if isinstance(error, NaiadError) else NaiadError(str(error))))
+
+    return server.infer_soon(request, answered, _DECOUPLED_ERROR).cancel
+
+
+def _decode(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> InferRequest:
     model = route.model or ""
     header_length = _header_length(headers)
     if header_length == 0:
@@ -130,16 +163,7 @@ async def _model_infer(server: InferenceServer, route: Route, body: bytes, heade
     if route.label is not None:
         _route_label(request, route.label)
     forward_headers(request.parameters, headers, server.options.http_header_forward_pattern)
-    if tracing is not None:
-        received, holder = tracing
-        request.trace_context = trace_context(headers)
-        request.trace_held = True
-        if received is not None:
-            request.trace_stamps = [("HTTP_RECV_START", received[0]), ("HTTP_RECV_END", received[1])]
-        holder.append(request)
-    if shm.uses_shared_memory(request):
-        return await _infer_shared_memory(server, request)
-    return _infer_reply(await _infer(server, request), request)
+    return request
 
 
 async def _infer(server: InferenceServer, request: InferRequest) -> InferResponse:
@@ -357,4 +381,7 @@ HANDLERS: dict[tuple[str, str], Handler] = {
     ("openai_models", "GET"): openai.models,
     ("openai_completions", "POST"): openai.completions,
     ("openai_chat_completions", "POST"): openai.chat_completions,
+    ("openai_embeddings", "POST"): openai_embeddings.embeddings,
+    ("openai_rerank", "POST"): openai_scoring.rerank,
+    ("openai_score", "POST"): openai_scoring.score,
 }

@@ -11,6 +11,8 @@ client wants them, logprobs (with the token strings: the tokenizer is the backen
 `data: {...}` ending in `data: [DONE]`, chunks of the choices interleaved as they come, and with
 `stream_options.include_usage` a last chunk with the usage.
 
+A message's `content` may be an array of text parts (joined by newlines, as vLLM); `prompt` may be
+an array of strings (choice `p * n + i` is the i-th of prompt p's, as OpenAI orders them).
 Fields that would change the answer but are not supported (tools, a response_format other than
 text, echo, suffix, best_of > 1, a non-empty logit_bias) are a 400, as is any field this module
 does not know; the metadata fields clients commonly send (user, metadata, store, ...) are
@@ -33,18 +35,19 @@ import numpy as np
 
 from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
-from naiad.frontends.http.reply import HTTP_STATUS, Reply, StreamReply
+from naiad.frontends.http.openai_tasks import embedding_models
+from naiad.frontends.http.reply import HTTP_STATUS, Headers, Reply, StreamReply
 from naiad.frontends.http.routes import Route
 from naiad.frontends.http.tracing import carry_trace
 from naiad.types import DataType, InferRequest, InferResponse, Tensor
 
-Headers = dict[bytes, bytes]
 Body = dict[str, Any]
 
 LLM_BACKEND = "llm"
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 _DONE = b"data: [DONE]\n\n"
 MAX_N = 128  # as OpenAI
+MAX_CHOICES = 2048  # prompts x n in one completions call: each is a request to the model
 MAX_STOP = 4  # stop strings, as OpenAI
 MAX_LOGPROBS = 20  # as vLLM (OpenAI's completions allow 5, chat's top_logprobs 20)
 # Fields read below, for both endpoints or one of them.
@@ -67,7 +70,10 @@ _encoder = msgspec.json.Encoder()
 
 
 async def models(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
-    data = [{"id": name, "object": "model", "created": 0, "owned_by": "naiad"} for name in _llm_models(server)]
+    """The LLM models, then the embedding models (`task` says which: naiad's field)."""
+    listed = [(name, "generate") for name in _llm_models(server)]
+    listed += [(name, "embedding") for name in embedding_models(server)]
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "naiad", "task": task} for name, task in listed]
     return Reply(200, _encoder.encode({"object": "list", "data": data}))
 
 
@@ -82,7 +88,7 @@ async def chat_completions(server: InferenceServer, route: Route, body: bytes, h
 async def _answer(server: InferenceServer, body: bytes, headers: Headers, chat: bool) -> Reply:
     """Every OpenAI error leaves here in OpenAI's shape, not Triton's."""
     try:
-        call = _Call.parse(server, _parse(body), chat)
+        call = _Call.parse(server, parse_body(body), chat)
         for request in call.requests:
             carry_trace(server, request, headers)
         if call.stream:
@@ -101,10 +107,10 @@ def _llm_models(server: InferenceServer) -> list[str]:
     return [name for name in names if server.model_config_message(name, None).backend == LLM_BACKEND]
 
 
-def _parse(body: bytes) -> Body:
+def parse_body(body: bytes) -> Body:
     try:
         document = json.loads(body)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
         raise InvalidArgument(f"the request body is not valid JSON: {error}") from None
     if not isinstance(document, dict):
         raise InvalidArgument("the request body must be a JSON object")
@@ -123,6 +129,7 @@ class _Call:
     requests: list[InferRequest]
     ident: str = ""
     created: int = 0
+    n: int = 1  # choices per prompt
 
     @classmethod
     def parse(cls, server: InferenceServer, body: Body, chat: bool) -> _Call:
@@ -140,7 +147,9 @@ class _Call:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
             raise InvalidArgument(f"'n' must be an integer from 1 to {MAX_N}, got {n!r}")
         logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
-        text = _messages_json(body.get("messages")) if chat else _prompt(body.get("prompt"))
+        texts = [_messages_json(body.get("messages"))] if chat else _prompts(body.get("prompt"))
+        if len(texts) * n > MAX_CHOICES:
+            raise InvalidArgument(f"{len(texts)} prompts x n={n} is more than {MAX_CHOICES} choices in one call")
         parameters = _sampling(body)
         # A stream reports its token counts only in the usage chunk: not asked, not sent.
         parameters.update(stream=stream, return_finish_reason=True, return_num_tokens=not stream or include_usage)
@@ -148,20 +157,21 @@ class _Call:
             parameters["apply_chat_template"] = True
         if logprobs is not None:
             parameters["logprobs"] = logprobs
-        requests = []
-        for index in range(n):
-            choice_parameters = dict(parameters)
-            if "seed" in parameters and index:
-                choice_parameters["seed"] = parameters["seed"] + index
-            requests.append(InferRequest(model, None, [_text_input(text)], parameters=choice_parameters))
-        return cls(model, chat, stream, include_usage, logprobs, requests, _new_id(chat), int(time.time()))
+        requests = []  # choice p * n + i is the i-th of prompt p's, as OpenAI orders them
+        for text in texts:
+            for index in range(n):
+                choice_parameters = dict(parameters)
+                if "seed" in parameters and index:
+                    choice_parameters["seed"] = parameters["seed"] + index
+                requests.append(InferRequest(model, None, [_text_input(text)], parameters=choice_parameters))
+        return cls(model, chat, stream, include_usage, logprobs, requests, _new_id(chat), int(time.time()), n)
 
     # -- answers
 
     def completion(self, choices: list[_Choice]) -> Body:
         body = self._envelope("chat.completion" if self.chat else "text_completion")
         body["choices"] = [self._choice(index, choice) for index, choice in enumerate(choices)]
-        body["usage"] = _usage(choices)
+        body["usage"] = _usage(choices, self.n)
         return body
 
     def _choice(self, index: int, choice: _Choice) -> Body:
@@ -189,7 +199,7 @@ class _Call:
     def usage_chunk(self, choices: list[_Choice]) -> Body:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
         body["choices"] = []
-        body["usage"] = _usage(choices)
+        body["usage"] = _usage(choices, self.n)
         return body
 
     def _envelope(self, kind: str) -> Body:
@@ -271,22 +281,45 @@ def _chat_logprobs(body: Body) -> int | None:
     return (top or 0) if wanted else None
 
 
-def _prompt(prompt: Any) -> str:
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]  # the client may send a one-prompt batch
-    if not isinstance(prompt, str):
-        raise InvalidArgument("'prompt' must be a string")
-    return prompt
+def _prompts(prompt: Any) -> list[str]:
+    """A string, or an array of them (a batch: each prompt gets its `n` choices)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, int | list) for p in prompt):
+        raise InvalidArgument("'prompt' as token ids is not supported by this server: send text")
+    raise InvalidArgument("'prompt' must be a string or a non-empty array of strings")
 
 
 def _messages_json(messages: Any) -> str:
     if not isinstance(messages, list) or not messages:
         raise InvalidArgument("'messages' must be a non-empty array")
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
-            raise InvalidArgument("each message needs a string 'role' and a string 'content'")
-    return json.dumps([{"role": m["role"], "content": m["content"]} for m in messages])
+    texts = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidArgument("each message needs a string 'role' and a 'content'")
+        texts.append({"role": message["role"], "content": _content(message.get("content"), index)})
+    return json.dumps(texts)
+
+
+def _content(content: Any, index: int) -> str:
+    """A message's content: a string, or an array of text parts (joined by newlines, as vLLM)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise InvalidArgument(f"'messages[{index}].content' must be a string or a non-empty array of parts")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            shown = kind if isinstance(kind, str) else type(part).__name__
+            raise InvalidArgument(f"'messages[{index}].content': parts of type '{shown}' are not supported by "
+                                  "this server (text parts only)")
+        if not isinstance(part.get("text"), str):
+            raise InvalidArgument(f"'messages[{index}].content': a text part needs a string 'text'")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def _sampling(body: Body) -> dict[str, Any]:
@@ -359,9 +392,9 @@ class _Choice:
         self.logprobs.extend(piece.logprobs)
 
 
-def _usage(choices: list[_Choice]) -> Body:
-    """The prompt counts once (the choices share it), the completions of every choice add up."""
-    prompt = choices[0].prompt_tokens if choices else 0
+def _usage(choices: list[_Choice], n: int = 1) -> Body:
+    """Each prompt counts once (its `n` choices share it), the completions of every choice add up."""
+    prompt = sum(choice.prompt_tokens for choice in choices[::n])
     completion = sum(choice.completion_tokens for choice in choices)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 

@@ -6,7 +6,16 @@ the HTTP layer. Writing each response (status line, headers and body) with one
 separately, and skipping ASGI's message dicts and middleware saves the rest.
 
 Requests on one connection are answered in order (HTTP/1.1 pipelining): they queue and run one
-at a time, and reading pauses while the queue is non-empty.
+at a time, and reading pauses while the queue is non-empty, and while the socket's send buffer
+is full (a client that pipelines requests and reads no answers gets no more of them read: the
+server holds one read's worth of requests, never their piled-up answers).
+
+Hostile clients (docs/reliability.md): request heads are counted per request (64 KiB, 431);
+with `admit` (--auth-token, restricted APIs) a request is refused from its headers, before any
+of its body is read, and whatever body follows is dropped; a keep-alive connection idle for
+`idle_timeout` seconds is closed (--http-idle-timeout-secs); `limit` (--max-connections) admits
+connections, shared with gRPC: at the limit the longest-idle connection makes room, else the
+newcomer gets 503 and is closed.
 
 Slow clients: a request's headers and body, and a new connection's first request, must arrive
 within `read_timeout` seconds of their first byte (--http-read-timeout-secs), else 408 and close,
@@ -34,22 +43,31 @@ from urllib.parse import unquote
 
 import httptools
 
-from naiad.frontends.http.reply import RECEIVED, Reply, StreamReply
+from naiad.frontends.connections import ConnectionLimit, IdleTimer, ReadPauses
+from naiad.frontends.http.reply import RECEIVED, Headers, Reply, StreamReply
 
 log = logging.getLogger(__name__)
 
-Headers = dict[bytes, bytes]
+Answer = Callable[[Reply, list[tuple[bytes, bytes]]], None]
 Dispatch = Callable[[str, str, Headers, bytes], Awaitable[tuple[Reply, list[tuple[bytes, bytes]]]]]
+#: answer a request without a task where it can: (method, path, headers, body, answer) -> what
+#: cancels it if the client leaves, or the awaitable that answers it (the general path)
+DispatchNow = Callable[[str, str, Headers, bytes, Answer],
+                       Callable[[], None] | Awaitable[tuple[Reply, list[tuple[bytes, bytes]]]]]
+#: Checks a request from its URL and headers alone: None lets it in, else the refusal to send.
+Admit = Callable[[bytes, Headers], Reply | None]
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _LARGE_BODY = 64 * 1024  # above this, write head and body separately instead of joining them
 # Request line and headers; past it 431 (the parser would keep growing one header value).
 MAX_HEAD = 64 * 1024
+# Body bytes of a request refused from its headers read (and dropped) before the connection closes.
+DROP_LIMIT = 1 << 20
 
 
 class _Request:
-    __slots__ = ("answered", "body", "chunked_ok", "completed_ns", "headers", "keep_alive", "method", "started_ns",
-                 "too_large", "url")
+    __slots__ = ("answered", "body", "chunked_ok", "completed_ns", "headers", "keep_alive", "method", "refusal",
+                 "started_ns", "url")
 
     def __init__(self) -> None:
         self.started_ns = time.monotonic_ns()  # made when its first byte is parsed
@@ -60,7 +78,7 @@ class _Request:
         self.method = ""
         self.keep_alive = True
         self.chunked_ok = True  # HTTP/1.0 clients know no chunked encoding
-        self.too_large = False
+        self.refusal: Reply | None = None  # answered without dispatch (too large, not admitted); body dropped
         self.answered = False  # refused before its body arrived: nothing is left to do at its end
 
 
@@ -80,9 +98,22 @@ class Connections:
 
 
 class HttpProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection: parse, dispatch, answer in order, under per-connection limits.
+
+    Over 25 methods for a reason: asyncio's Protocol callbacks, the request parser's steps and
+    one method per limit (read pauses, body size, idle and read timers, pipelining depth), all
+    of which touch the same transport state; pulling them apart would pass that state around.
+    """
+
     def __init__(self, dispatch: Dispatch, max_body: int, connections: Connections, read_timeout: float = 0.0,
-                 max_requests: int = 0) -> None:
+                 max_requests: int = 0, admit: Admit | None = None, idle_timeout: float = 0.0,
+                 limit: ConnectionLimit | None = None, dispatch_now: DispatchNow | None = None) -> None:
         self.dispatch = dispatch
+        self.dispatch_now = dispatch_now
+        self.waiting: _Waiting | None = None  # a request answered without a task, until its reply
+        self.admit = admit
+        self.idle_timer = IdleTimer(idle_timeout, self._idle_expired)  # --http-idle-timeout-secs
+        self.limit = limit
         self.max_requests = max_requests  # responses before the connection closes; 0: no limit
         self.responses = 0  # begun on this connection
         self.max_body = max_body
@@ -92,44 +123,60 @@ class HttpProtocol(asyncio.Protocol):
         self.reading = False  # a request's first byte is in, its last is not
         self.in_head = False  # a request's line and headers are being received
         self.head_size = 0  # bytes of whole reads spent on the current head
+        self.heads_begun = 0  # requests whose first byte has been parsed
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.current = _Request()
         self.size = 0
         self.queue: collections.deque[_Request] = collections.deque()
         self.task: asyncio.Task[None] | None = None
-        self.paused = False
+        self.pauses = ReadPauses()  # "queue" (a request is running), "writes" (the send buffer is full)
         self.writable = asyncio.Event()  # cleared while the transport's write buffer is full
         self.writable.set()
 
     @property
     def busy(self) -> bool:
-        return self.task is not None or bool(self.queue)
+        return self.task is not None or self.waiting is not None or bool(self.queue)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = self.pauses.transport = transport  # type: ignore[assignment]
+        if self.limit is not None and not self.limit.admit(self):
+            log.debug("refusing an HTTP connection: --max-connections reached")
+            self._write(_TOO_MANY_CONNECTIONS, [], keep_alive=False)
+            return
         self.connections.open.add(self)
+        self.idle_timer.since = time.monotonic()  # idle (and evictable) until its first request; not timed yet
         self._arm()  # a connection that never sends a request is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.open.discard(self)
+        if self.limit is not None:
+            self.limit.release(self)
+        self.idle_timer.cancel()
         self._disarm()
         self.queue.clear()
         if self.task is not None:
             self.task.cancel()  # nobody is left to read the answer
-        self.transport = None
+        if self.waiting is not None:
+            self.waiting.cancel()
+        self.transport = self.pauses.transport = None
         self.writable.set()
 
     def pause_writing(self) -> None:
         self.writable.clear()
+        self.pauses.pause("writes")  # what the client asks next would pile up unsent too
 
     def resume_writing(self) -> None:
         self.writable.set()
+        self.pauses.resume("writes")
+        if self.task is None and self.waiting is None and self.queue:
+            self._next()
 
     def data_received(self, data: bytes) -> None:
         continuing_head = self.in_head
+        begun = self.heads_begun
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -138,9 +185,9 @@ class HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserError as error:
             self._fail(400, b'{"error":"malformed HTTP request: ' + str(error).encode()[:200] + b'"}')
             return
-        # Only reads that began inside a head count (one that started a head may end another
-        # request's body): the limit is exact to within one read.
-        if continuing_head and self.in_head:
+        # Only reads that began and ended inside the same head count (a read may hold whole
+        # pipelined requests, or end another request's body): exact to within one read.
+        if continuing_head and self.in_head and begun == self.heads_begun:
             self.head_size += len(data)
             if self.head_size > MAX_HEAD:
                 self._fail(431, b'{"error":"request line and headers exceed %d bytes"}' % MAX_HEAD)
@@ -148,6 +195,10 @@ class HttpProtocol(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def evict(self) -> None:
+        """Make room for a new connection (--max-connections): this one is idle."""
+        self.close()
 
     # -- httptools callbacks -------------------------------------------------------------------
 
@@ -157,6 +208,11 @@ class HttpProtocol(asyncio.Protocol):
         self.reading = True
         self.in_head = True
         self.head_size = 0
+        self.heads_begun += 1
+        if self.idle_timer.since:
+            self.idle_timer.busy()
+            if self.limit is not None:
+                self.limit.busy(self)
         if self.deadline is None:
             self._arm()
 
@@ -168,11 +224,15 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_head = False
+        request = self.current
         if self._declares_too_large():
-            self.current.too_large = True
+            request.refusal = _too_large(self.max_body)
+        elif self.admit is not None:
+            request.refusal = self.admit(request.url, request.headers)
+        if request.refusal is not None:
             if not self.busy:  # answer now, before the body; queued replies go first otherwise
-                self.current.answered = True
-                self._write(_too_large(self.max_body), [], keep_alive=False, close=False)
+                request.answered = True
+                self._write(request.refusal, [], keep_alive=False, close=False)
             return  # and no 100 Continue: the client need not send the body at all
         # Clients that send `Expect: 100-continue` (curl, for bodies over 1 MiB) wait for this
         # before sending the body.
@@ -182,10 +242,17 @@ class HttpProtocol(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         request = self.current
         self.size += len(body)
+        if request.refusal is not None:
+            # Refused from its headers: what follows is read and dropped, so that a client that
+            # sends its whole body before reading gets the answer; past DROP_LIMIT the
+            # connection closes instead (a stranger's upload costs no more than that).
+            if request.answered and self.size > DROP_LIMIT:
+                self.close()
+            return
         if self.size > self.max_body:
-            request.too_large = True
-            request.body.clear()  # keep reading to stay in sync with the stream, but keep nothing
-        elif not request.too_large:
+            request.refusal = _too_large(self.max_body)
+            request.body.clear()
+        else:
             request.body.append(body)
 
     def on_message_complete(self) -> None:
@@ -200,11 +267,10 @@ class HttpProtocol(asyncio.Protocol):
         request.keep_alive = self.parser.should_keep_alive()
         request.chunked_ok = self.parser.get_http_version() != "1.0"
         self.queue.append(request)
-        if self.task is None:
+        if self.task is None and self.waiting is None and self.writable.is_set():
             self._next()
-        elif self.transport is not None and not self.paused:
-            self.transport.pause_reading()  # pipelined requests wait their turn
-            self.paused = True
+        else:
+            self.pauses.pause("queue")  # pipelined requests wait their turn
 
     def _declares_too_large(self) -> bool:
         length = self.current.headers.get(b"content-length")
@@ -220,6 +286,16 @@ class HttpProtocol(asyncio.Protocol):
         if self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
+
+    def _went_idle(self) -> None:
+        """No request in hand: the idle timeout runs, and the connection may make room for another."""
+        self.idle_timer.idle()
+        if self.limit is not None:
+            self.limit.idle(self)
+
+    def _idle_expired(self) -> None:
+        log.debug("closing a keep-alive connection idle for %s s (--http-idle-timeout-secs)", self.idle_timer.timeout)
+        self.close()
 
     def _read_timed_out(self) -> None:
         self.deadline = None
@@ -237,27 +313,50 @@ class HttpProtocol(asyncio.Protocol):
     # -- requests ------------------------------------------------------------------------------
 
     def _next(self) -> None:
+        """Start the queued requests, one at a time, until one has to wait for its answer."""
+        while self.queue and self.task is None and self.waiting is None:
+            if not self.writable.is_set():
+                return  # the client is not reading its answers: resume_writing goes on
+            self._start(self.queue.popleft())
         if not self.queue:
-            if self.paused and self.transport is not None:
-                self.transport.resume_reading()
-                self.paused = False
-            return
-        request = self.queue.popleft()
-        self.task = asyncio.get_running_loop().create_task(self._run(request))
+            self.pauses.resume("queue")
+            if self.task is None and self.waiting is None and not self.reading:
+                self._went_idle()
 
-    async def _run(self, request: _Request) -> None:
-        keep_alive = request.keep_alive and not request.too_large
+    def _start(self, request: _Request) -> None:
+        keep_alive = request.keep_alive and request.refusal is None
         self.responses += 1
         if self.max_requests and self.responses >= self.max_requests:
             keep_alive = False  # the last one this connection answers: the client reconnects
+        if request.refusal is not None:
+            self._write(request.refusal, [], keep_alive)
+            return
+        path = _path(request.url)
+        body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
+        if self.dispatch_now is None:
+            work = self.dispatch(request.method, path, request.headers, body)
+        else:
+            waiting = _Waiting(self, keep_alive)
+            started = self.dispatch_now(request.method, path, request.headers, body, waiting.answer)
+            if waiting.answered:  # inside dispatch_now: an error, a refusal
+                return
+            if callable(started):  # a canceller: not a coroutine (nor any awaitable we are given)
+                waiting.cancel = started
+                self.waiting = waiting  # its answer comes later, from the event loop
+                return
+            work = started
+        self.task = asyncio.get_running_loop().create_task(self._run(request, work, keep_alive))
+
+    def _answered_later(self) -> None:
+        """A request answered without a task got its reply (written already): on to the next."""
+        self.waiting = None
+        self._next()
+
+    async def _run(self, request: _Request, work: Awaitable[tuple[Reply, list[tuple[bytes, bytes]]]],
+                   keep_alive: bool) -> None:
         try:
-            if request.too_large:
-                reply, extra = _too_large(self.max_body), []
-            else:
-                path = unquote(httptools.parse_url(request.url).path.decode("latin-1"))
-                body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
-                RECEIVED.set((request.started_ns, request.completed_ns))  # this request's own task
-                reply, extra = await self.dispatch(request.method, path, request.headers, body)
+            RECEIVED.set((request.started_ns, request.completed_ns))  # this request's own task
+            reply, extra = await work
         except asyncio.CancelledError:
             return
         except Exception:
@@ -330,6 +429,39 @@ class HttpProtocol(asyncio.Protocol):
         self._write(Reply(status, body), [], keep_alive=False)
 
 
+class _Waiting:
+    """A request answered without a task of its own: `answer` writes its reply (from the event
+    loop, now or later); `cancel` tells the server its client went away."""
+
+    __slots__ = ("answered", "cancel", "keep_alive", "protocol")
+
+    def __init__(self, protocol: HttpProtocol, keep_alive: bool) -> None:
+        self.protocol = protocol
+        self.keep_alive = keep_alive
+        self.answered = False
+        self.cancel: Callable[[], None] = _nothing
+
+    def answer(self, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        protocol = self.protocol
+        protocol._write(reply, extra, self.keep_alive)
+        if protocol.waiting is self:  # answered later (not from inside dispatch_now): the next one
+            protocol._answered_later()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _path(url: bytes) -> str:
+    """The request's path, percent-decoded (most URLs have neither a query nor an escape)."""
+    if b"?" not in url and b"%" not in url and b"#" not in url:
+        return url.decode("latin-1")
+    return unquote(httptools.parse_url(url).path.decode("latin-1"))
+
+
 def _head(reply: Reply, extra: list[tuple[bytes, bytes]], keep_alive: bool, framing: bytes) -> list[bytes]:
     """Status line and headers; `framing` is the content-length or transfer-encoding line."""
     head = [b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\n" % (reply.status, _REASONS.get(reply.status, b""),
@@ -340,6 +472,9 @@ def _head(reply: Reply, extra: list[tuple[bytes, bytes]], keep_alive: bool, fram
         head.append(b"connection: close\r\n")
     head.append(b"\r\n")
     return head
+
+
+_TOO_MANY_CONNECTIONS = Reply(503, b'{"error":"the server has too many connections open (--max-connections)"}')
 
 
 def _too_large(limit: int) -> Reply:

@@ -10,6 +10,9 @@ import msgspec
 
 from naiad.errors import NaiadError, Status
 
+#: A request's headers, names lower-cased (every HTTP module's one spelling of them).
+Headers = dict[bytes, bytes]
+
 HTTP_STATUS = {
     Status.INTERNAL: 500,
     Status.NOT_FOUND: 404,

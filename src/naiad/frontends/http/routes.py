@@ -13,6 +13,7 @@ class Route:
     version: int | None = None
     region: str | None = None  # shared-memory routes: the region named in the path
     label: str | None = None  # /v2/models/{m}/labels/{label}/...: a version label (docs/version_labels.md)
+    asset: str | None = None  # /console/{asset}: a static file of the web console
 
 
 _MODEL = re.compile(
@@ -26,6 +27,12 @@ _SHARED_MEMORY = re.compile(
 _MODEL_TRACE = re.compile(r"^/v2/models/(?P<model>[^/]+)/trace/setting$")
 _MODEL_LABELS = re.compile(r"^/v2/models/(?P<model>[^/]+)/labels$")
 _REPOSITORY = re.compile(r"^/v2/repository(?:/[^/]+)?/models/(?P<model>[^/]+)/(?P<action>load|unload)$")
+# The web console (naiad.frontends.console): its page, static files and data endpoints.
+_CONSOLE_ASSET = re.compile(r"^/console/(?P<asset>[A-Za-z0-9_-]+\.[a-z]+)$")
+_CONSOLE_MODEL = re.compile(
+    r"^/console/api/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?/(?P<action>config\.pbtxt|infer)$"
+)
+_CONSOLE_ACTIONS = {"config.pbtxt": "console_config", "infer": "console_infer"}
 _FIXED = {
     "/v2": "server_metadata",
     "/v2/": "server_metadata",
@@ -40,6 +47,11 @@ _FIXED = {
     "/v1/models": "openai_models",
     "/v1/completions": "openai_completions",
     "/v1/chat/completions": "openai_chat_completions",
+    "/v1/embeddings": "openai_embeddings",
+    "/v1/rerank": "openai_rerank",
+    "/v1/score": "openai_score",
+    "/": "console_page",
+    "/console/api/live": "console_live",
 }
 
 
@@ -72,4 +84,17 @@ def match(path: str) -> Route | None:
         return Route(prefix + found["action"], region=found["region"])
     if path.startswith("/v2/repository/") and path.endswith("/index"):
         return Route("index")
+    if path.startswith("/console/"):
+        return _console(path)
+    return None
+
+
+def _console(path: str) -> Route | None:
+    found = _CONSOLE_ASSET.match(path)
+    if found is not None:
+        return Route("console_asset", asset=found["asset"])
+    found = _CONSOLE_MODEL.match(path)
+    if found is not None:
+        version = found["version"]
+        return Route(_CONSOLE_ACTIONS[found["action"]], found["model"], int(version) if version is not None else None)
     return None

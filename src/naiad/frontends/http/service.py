@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from naiad.frontends.connections import ConnectionLimit
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.protocol import Connections, HttpProtocol
 from naiad.frontends.http.tls import http_ssl_context
@@ -14,8 +15,11 @@ log = logging.getLogger(__name__)
 
 class HttpService:
     def __init__(self, app: HttpApp, host: str, port: int, backlog: int = 4096,
-                 read_timeout: float = 0.0, tls: tuple[str, str] = ("", ""), max_requests: int = 0) -> None:
+                 read_timeout: float = 0.0, tls: tuple[str, str] = ("", ""), max_requests: int = 0,
+                 idle_timeout: float = 0.0, limit: ConnectionLimit | None = None) -> None:
         self.app = app
+        self.idle_timeout = idle_timeout  # --http-idle-timeout-secs; 0: no limit
+        self.limit = limit  # --max-connections, shared with the gRPC listener
         self.max_requests = max_requests  # --http-max-requests-per-connection; 0: no limit
         self.read_timeout = read_timeout  # --http-read-timeout-secs; 0: no limit
         self.tls = tls  # (--http-ssl-cert, --http-ssl-key); empty: plain HTTP
@@ -29,9 +33,11 @@ class HttpService:
         loop = asyncio.get_running_loop()
         max_body = self.app.max_input_size
         context = http_ssl_context(*self.tls)  # Unavailable (a start-up error) when unusable
+        admit = self.app.admit if self.app.gates is not None else None
         self._server = await loop.create_server(
             lambda: HttpProtocol(self.app.dispatch, max_body, self.connections, self.read_timeout,
-                                 self.max_requests),
+                                 self.max_requests, admit, self.idle_timeout, self.limit,
+                                 self.app.dispatch_now),
             self.host, self.port, backlog=self.backlog, reuse_address=True, ssl=context,
         )
         log.info("Started HTTPService at %s:%d%s", self.host, self.port, " (HTTPS)" if context else "")

@@ -4,10 +4,8 @@ request was read (HTTP_RECV_START/END), set only while tracing is on."""
 from __future__ import annotations
 
 from naiad.core.server import InferenceServer
-from naiad.frontends.http.reply import RECEIVED
+from naiad.frontends.http.reply import RECEIVED, Headers
 from naiad.types import InferRequest
-
-Headers = dict[bytes, bytes]
 
 
 def trace_context(headers: Headers) -> dict[str, str] | None:

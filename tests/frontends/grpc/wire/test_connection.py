@@ -13,6 +13,7 @@ import hpack
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.config.options import GrpcOptions
+from naiad.frontends.connections import ConnectionLimit
 from naiad.frontends.grpc.wire import frames as f
 from naiad.frontends.grpc.wire.connection import Connection
 from naiad.frontends.grpc.wire.framing import CallError
@@ -42,6 +43,13 @@ class FakeTransport:
     def __init__(self) -> None:
         self.data = bytearray()
         self.closed = False
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
 
     def writelines(self, pieces: list[bytes]) -> None:
         for piece in pieces:
@@ -68,9 +76,10 @@ class Stream:
 class Client:
     """The client side: encodes requests, decodes what the connection answered."""
 
-    def __init__(self, options: GrpcOptions | None = None, routes: dict[bytes, Route] | None = None) -> None:
+    def __init__(self, options: GrpcOptions | None = None, routes: dict[bytes, Route] | None = None,
+                 limit: ConnectionLimit | None = None) -> None:
         self.transport = FakeTransport()
-        self.connection = Connection(routes or ROUTES, options or GrpcOptions(), set())
+        self.connection = Connection(routes or ROUTES, options or GrpcOptions(), set(), limit)
         self.encoder, self.decoder = hpack.Encoder(), hpack.Decoder()
         self.reader = f.FrameReader(1 << 24)
         self.connection.connection_made(self.transport)  # type: ignore[arg-type]
@@ -247,7 +256,8 @@ def test_reset_cancels_the_call_and_deadlines_expire() -> None:
         assert call.task is not None and call.task.done() and not client.connection.calls
         assert not client.received().get(1, Stream()).trailers  # nothing is sent on a reset stream
         client.call(3, "/t.S/Echo", Request(model_name="wait"), **{"grpc-timeout": "20m"})
-        await asyncio.sleep(0.1)
+        while not client.received().get(3, Stream()).trailers:  # the 20 ms, however late the loop runs
+            await asyncio.sleep(0.01)
         assert client.received()[3].trailers["grpc-status"] == "4"  # DEADLINE_EXCEEDED
 
     run(body)
@@ -322,6 +332,27 @@ def test_keepalive_pings_and_gives_up_without_an_answer() -> None:
         assert not client.transport.closed
         await asyncio.sleep(0.1)  # the next pings go unanswered
         assert client.transport.closed
+        client.connection.connection_lost(None)
+
+    run(body)
+
+
+def test_keepalive_ticks_while_a_ping_is_unanswered_do_not_use_up_its_pings() -> None:
+    """A client slower to answer than the keepalive interval: the ticks that find the first ping
+    unanswered send nothing, so they must not count; once it is answered, the pings go on."""
+    async def body() -> None:
+        options = GrpcOptions(keepalive_time_ms=20, keepalive_timeout_ms=5000, keepalive_permit_without_calls=True)
+        client = Client(options)
+        await asyncio.sleep(0.1)  # the first ping at 20 ms; the ticks at 40, 60 and 80 ms find it unanswered
+        client.received()
+        (ping,) = [x for x in client.connection_frames if x.kind == f.PING and not x.flags & f.ACK]
+        client.send(f.frame(f.PING, f.ACK, 0, ping.payload))
+        for _ in range(100):  # the next tick, 20 ms on, pings again: a second (bounded) at most
+            await asyncio.sleep(0.02)
+            client.received()
+            if len([x for x in client.connection_frames if x.kind == f.PING and not x.flags & f.ACK]) > 1:
+                break
+        assert len([x for x in client.connection_frames if x.kind == f.PING and not x.flags & f.ACK]) == 2
         client.connection.connection_lost(None)
 
     run(body)

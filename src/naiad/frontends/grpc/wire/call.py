@@ -12,7 +12,6 @@ import asyncio
 import base64
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -28,6 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _END = object()  # the client half-closed the stream
+_TOO_MANY = "grpc: Too many request messages for a unary call"
+_MISSING = "grpc: Missing request message for a unary call"
 _BACKLOG = 4  # messages of a stream waiting unread before its window is held back
 _HIDDEN = frozenset({b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"})
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -37,14 +38,11 @@ class Call:
     """The server side of one call; the connection feeds it and sends what it queues."""
 
     def __init__(self, connection: Connection, stream_id: int, route: Route,
-                 headers: list[tuple[bytes, bytes]], windows: tuple[int, int], max_message_size: int) -> None:
+                 headers: list[tuple[bytes, bytes]], max_message_size: int) -> None:
         self.connection = connection
         self.stream_id = stream_id
         self.route = route
         self.headers = headers
-        self.window, self.recv_window = windows  # what we may send, what the client may still send
-        self.pending: deque[memoryview] = deque()  # DATA waiting for window
-        self.trailers: bytes | None = None  # sent once `pending` is empty
         self.headers_sent = False
         self.closed = False  # trailers sent or the stream reset: nothing more goes out
         self.remote_closed = False
@@ -62,11 +60,24 @@ class Call:
         self.opened_ns = time.monotonic_ns()
         self.received_ns = 0
         self.on_sent: Callable[[int, int], None] | None = None
+        # A call answered without a task (Route.soon): what stops its request if the call ends first.
+        self.on_cancel: Callable[[], None] | None = None
 
     # -- fed by the connection --------------------------------------------------------------
 
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
+        soon = self.route.soon
+        if soon is None or len(self.requests) != 1:
+            self.task = asyncio.get_running_loop().create_task(self._run())
+            return
+        try:
+            request = self._one_request()
+            if soon(request, self):
+                return
+        except CallError as error:
+            self.finish(error.code, error.message)
+            return
+        self.task = asyncio.get_running_loop().create_task(self._run(request))
 
     def receive(self, data: bytes, end: bool) -> None:
         """DATA for this call; `end` when the client half-closed."""
@@ -82,6 +93,11 @@ class Call:
                 self.queue.put_nowait(_END)
         else:
             self.requests.extend(messages)
+            if len(self.requests) > 1 or (self.requests and self.reader.partial):
+                # A unary call has one message: fail at the first byte of a second one, as
+                # grpcio does, instead of buffering whatever the client sends until it ends.
+                self.fail(CallError(grpc.StatusCode.INTERNAL, _TOO_MANY))
+                return
         if end:
             self.received_ns = time.monotonic_ns()
             self.remote_closed = True
@@ -92,9 +108,7 @@ class Call:
         """The client reset the stream, or the connection is gone: stop, send nothing."""
         self.closed = True
         self.remote_closed = True
-        self.pending.clear()
-        if self.task is not None:
-            self.task.cancel()
+        self._cancel()
         if self.deadline is not None:
             self.deadline.cancel()
 
@@ -104,9 +118,15 @@ class Call:
 
     def fail(self, error: CallError) -> None:
         """End the call now with `error` (from outside the servicer's task)."""
+        self._cancel()
+        self.finish(error.code, error.message)
+
+    def _cancel(self) -> None:
         if self.task is not None:
             self.task.cancel()
-        self.finish(error.code, error.message)
+        if self.on_cancel is not None:
+            self.on_cancel()
+            self.on_cancel = None
 
     # -- the servicer's context ------------------------------------------------------------
 
@@ -134,7 +154,9 @@ class Call:
         if self.closed:
             raise asyncio.CancelledError("the stream is closed")
         self.send(message.SerializeToString())
-        await self.connection.writable()
+        await self.connection.writable(self)
+        if self.closed:  # reset while it waited (the send timeout)
+            raise asyncio.CancelledError("the stream was reset")
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -147,7 +169,20 @@ class Call:
                             f"{self.max_message_size})")
         if not self.headers_sent:
             self.connection.send_headers(self)
-        self.connection.send_data(self, pack(payload, self.encoding))
+        if not self.connection.send_data(self, pack(payload, self.encoding)):
+            raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            "the connection holds too many responses its client has not read "
+                            "(--grpc-max-unsent-bytes)")
+
+    def answer(self, message: Message) -> None:
+        """The one response of a unary call that `Route.soon` took, then its OK trailers."""
+        self.on_cancel = None
+        try:
+            self.send(message.SerializeToString())
+        except CallError as error:
+            self.finish(error.code, error.message)
+            return
+        self.finish(grpc.StatusCode.OK)
 
     def finish(self, code: grpc.StatusCode, message: str = "") -> None:
         if self.closed:
@@ -158,13 +193,15 @@ class Call:
 
     # -- the servicer's task ---------------------------------------------------------------
 
-    async def _run(self) -> None:
+    async def _run(self, request: Message | None = None) -> None:
+        """The servicer method as a task; `request` when `start` already parsed it."""
         route = self.route
         try:
             if route.client_streaming:
                 await route.handler(self._stream_requests(), self)
             else:
-                request = self._one_request()
+                if request is None:
+                    request = self._one_request()
                 response = await route.handler(request, self)
                 if not route.server_streaming:
                     sending = time.monotonic_ns()
@@ -182,13 +219,15 @@ class Call:
 
     def _one_request(self) -> Message:
         if len(self.requests) != 1:
-            problem = "Missing request message" if not self.requests else "Too many request messages"
-            raise CallError(grpc.StatusCode.INTERNAL, f"grpc: {problem} for a unary call")
+            raise CallError(grpc.StatusCode.INTERNAL, _TOO_MANY if self.requests else _MISSING)
         return self._parse(self.requests.pop())
 
     def backlogged(self) -> bool:
-        """Requests of a stream wait unread: hold back the client's window (back-pressure)."""
-        return self.queue is not None and self.queue.qsize() >= _BACKLOG
+        """Hold back the client's window (back-pressure): a stream's requests wait unread, or a
+        unary call has its one message."""
+        if self.queue is None:
+            return bool(self.requests)
+        return self.queue.qsize() >= _BACKLOG
 
     async def _stream_requests(self) -> AsyncIterator[Message]:
         assert self.queue is not None

@@ -1,24 +1,30 @@
 """One client's HTTP/2 connection carrying gRPC calls: an asyncio Protocol on the event loop.
 
-It reads frames, keeps the connection's state (settings, flow-control windows, streams, HPACK,
-keepalive) and sends what calls queue. Output gathered while handling input, or from calls
-that finish in the same loop iteration, goes out in one write.
+It handles each frame and keeps the connection's streams (one `Call` each), HPACK state and the
+stream limits a hostile client meets (docs/reliability.md, "Hostile clients"). The rest has its
+own object: `Intake` (intake.py) the preface, frame reading, its deadlines and pauses;
+`FlowControl` (flow.py) the windows of both directions; `Outbox` (outbox.py) what is sent and
+what waits unsent; `Lifetime` (lifetime.py) keepalive, age and idle time; `FloodGuard`
+(floods.py) the budgets of frames that ask for nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import Any, cast
 
 from naiad.config.options import GrpcOptions
-from naiad.frontends.grpc.wire import age
+from naiad.frontends.connections import ConnectionLimit
 from naiad.frontends.grpc.wire import frames as f
 from naiad.frontends.grpc.wire.call import Call
+from naiad.frontends.grpc.wire.floods import FloodGuard
+from naiad.frontends.grpc.wire.flow import FlowControl
 from naiad.frontends.grpc.wire.headers import HeaderDecoder, response_headers, trailers
-from naiad.frontends.grpc.wire.keepalive import PingPolicy, PingSchedule
+from naiad.frontends.grpc.wire.intake import Intake
+from naiad.frontends.grpc.wire.lifetime import Lifetime
+from naiad.frontends.grpc.wire.outbox import Outbox
 from naiad.frontends.grpc.wire.router import Route
 
 log = logging.getLogger(__name__)
@@ -27,159 +33,182 @@ STREAM_WINDOW = 8 << 20  # what each request stream may send ahead (SETTINGS_INI
 CONNECTION_WINDOW = 64 << 20
 MAX_FRAME = 1 << 20
 MAX_HEADER_LIST = 64 << 10
+MAX_HEADER_FRAMES = 32  # HEADERS + CONTINUATIONs of one header block
 _UNIMPLEMENTED = 12
 _NOT_FOUND = "Method not found: "
 
 
 class Connection(asyncio.Protocol):
-    """Frames in, frames out; calls do the gRPC work."""
+    """Frames in; calls do the gRPC work; the outbox sends what they answer.
 
-    def __init__(self, routes: dict[bytes, Route], options: GrpcOptions, connections: set[Connection]) -> None:
+    Over 25 methods for a reason: one handler per HTTP/2 frame type (ten, in _HANDLERS) beside
+    asyncio's Protocol methods and the few the calls use; everything else is delegated.
+    """
+
+    def __init__(self, routes: dict[bytes, Route], options: GrpcOptions, connections: set[Connection],
+                 limit: ConnectionLimit | None = None) -> None:
         self.routes = routes
         self.options = options
         self.connections = connections
+        self.limit = limit
         self.transport: asyncio.Transport | None = None
-        self.reader = f.FrameReader(MAX_FRAME)
+        self.intake = Intake(MAX_FRAME, options.handshake_timeout_secs, self._input_timed_out)
         self.decoder = HeaderDecoder(MAX_HEADER_LIST)
         self.calls: dict[int, Call] = {}
-        self.blocked: dict[int, Call] = {}  # calls waiting for flow-control window
         self.last_stream_id = 0
-        self.preface: bytes | None = b""  # the client preface received so far; None once complete
-        self.partial: tuple[int, int, bytearray] | None = None  # (stream, flags, block) until END_HEADERS
-        self.send_window = f.DEFAULT_WINDOW
-        self.peer_window = f.DEFAULT_WINDOW  # the client's SETTINGS_INITIAL_WINDOW_SIZE
-        self.peer_max_frame = f.DEFAULT_MAX_FRAME
-        self.recv_window = CONNECTION_WINDOW
-        self.out: list[bytes | memoryview] = []
-        self.flush_scheduled = False
+        self.block: tuple[int, int, bytearray, int] | None = None  # (stream, flags, block, frames) to END_HEADERS
         self.going_away = False
-        self._writable = asyncio.Event()
-        self._writable.set()
-        self.ping_policy = PingPolicy(options)
-        self.pings = PingSchedule(options)
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._age_ping: bytes | None = None  # the PING between max-age's two GOAWAYs
+        self.closed = False
+        self.now = time.monotonic()  # of the read being handled
+        self.flow = FlowControl(STREAM_WINDOW, CONNECTION_WINDOW)
+        self.lifetime = Lifetime(self, options)
+        self.floods = FloodGuard(options, self.now)
+        self.outbox = Outbox(self.flow, options.max_unsent_bytes, options.send_timeout_secs, self._ended,
+                             self._stalled, self._data_sent)
+        self.intake.block_open = lambda: self.block is not None
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
-        self.connections.add(self)
+        self.outbox.transport = self.transport
         ours = {f.INITIAL_WINDOW_SIZE: STREAM_WINDOW, f.MAX_FRAME_SIZE: MAX_FRAME,
                 f.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST, f.ENABLE_PUSH: 0}
-        self.emit(f.settings(ours) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
-        self.flush()
-        self._schedule_keepalive()
-        limit = age.age_seconds(self.options)
-        if limit > 0:
-            self._timers["age"] = asyncio.get_running_loop().call_later(limit, self._age_reached)
-        if self.options.handshake_timeout_secs > 0:
-            # A client that never completes the preface and a first frame holds a socket for
-            # nothing (a slow-client attack): gRPC core gives it 120 s, so does naiad by default.
-            loop = asyncio.get_running_loop()
-            self._timers["handshake"] = loop.call_later(self.options.handshake_timeout_secs, self._handshake_timed_out)
+        if self.options.max_concurrent_streams > 0:
+            ours[f.MAX_CONCURRENT_STREAMS] = self.options.max_concurrent_streams
+        self.emit(f.settings(ours))
+        if self.limit is not None and not self.limit.admit(self):
+            log.debug("refusing a gRPC connection: --max-connections reached")
+            self.closed = True
+            self.emit(f.goaway(0, f.ENHANCE_YOUR_CALM, b"too many connections (--max-connections)"))
+            self.outbox.flush()
+            self.transport.close()
+            return
+        self.connections.add(self)
+        self.emit(f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+        self.outbox.flush()
+        self.lifetime.start()
+        self.intake.start(self.transport)
 
     def data_received(self, data: bytes) -> None:
-        self.flush_scheduled = True  # what this data makes us send goes out in one write, below
+        if self.closed:
+            return
+        self.outbox.flush_scheduled = True  # what this data makes us send goes out in one write, below
+        self.now = time.monotonic()
         try:
-            if self.preface is not None:
-                data = self._take_preface(data)
-            for frame in self.reader.feed(data):
-                self._on_frame(frame)
-            self._time_partial_frame()
+            frames = self.intake.frames(data)
+            for frame in frames:
+                if self.block is not None and frame.kind != f.CONTINUATION:
+                    raise f.ProtocolError("a header block was interrupted")
+                handler = _HANDLERS.get(frame.kind)
+                if handler is None:
+                    self._on_unknown(frame)
+                else:
+                    handler(self, frame)
+                if self.closed:
+                    break
+            if not self.closed:
+                self.intake.took(len(frames), self.now)
         except f.ProtocolError as error:
             log.debug("HTTP/2 protocol error from a gRPC client: %s", error)
             self.close(error.code, str(error).encode())
         except Exception:
             log.exception("gRPC connection failed")
             self.close(f.INTERNAL_ERROR)
-        self.flush()
+        self.outbox.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
         self.connections.discard(self)
+        if self.limit is not None:
+            self.limit.release(self)
         for call in list(self.calls.values()):
             call.reset()
         self.calls.clear()
-        self.blocked.clear()
-        for timer in self._timers.values():
-            timer.cancel()
-        self._writable.set()
+        self.outbox.close()
+        self.lifetime.stop()
+        self.intake.stop()
+        self.transport = None
 
     def pause_writing(self) -> None:
-        self._writable.clear()
+        """The client reads slower than we write: keep DATA here, and stop reading its frames
+        (whatever they ask for would pile up unsent too)."""
+        self.outbox.pause()
+        self.intake.pauses.pause("writes")
 
     def resume_writing(self) -> None:
-        self._writable.set()
+        self.outbox.resume()
+        self.intake.pauses.resume("writes")
 
-    async def writable(self) -> None:
-        """Wait while the socket's send buffer is full (streams writing faster than the client reads)."""
-        if not self._writable.is_set():
-            await self._writable.wait()
+    async def writable(self, call: Call) -> None:
+        """Wait while the socket is full or the connection holds --grpc-max-unsent-bytes; a call
+        that waits past --grpc-send-timeout-secs is reset."""
+        if not await self.outbox.room():
+            self._stalled(call.stream_id)
 
     # -- frames in -------------------------------------------------------------------------
 
-    def _take_preface(self, data: bytes) -> bytes:
-        received = self.preface or b""
-        need = len(f.PREFACE) - len(received)
-        received += data[:need]
-        if not f.PREFACE.startswith(received):
-            raise f.ProtocolError("not an HTTP/2 client (bad connection preface)")
-        self.preface = None if len(received) == len(f.PREFACE) else received
-        return data[need:]
-
-    def _on_frame(self, frame: f.Frame) -> None:
-        if "handshake" in self._timers:
-            self._timers.pop("handshake").cancel()
-        if self.partial is not None and frame.kind != f.CONTINUATION:
-            raise f.ProtocolError("a header block was interrupted")
-        handler = _HANDLERS.get(frame.kind)
-        if handler is not None:
-            handler(self, frame)
-
     def _on_data(self, frame: f.Frame) -> None:
-        size = len(frame.payload)
-        self.recv_window -= size
-        if self.recv_window < CONNECTION_WINDOW // 2:
-            self.emit(f.window_update(0, CONNECTION_WINDOW - self.recv_window))
-            self.recv_window = CONNECTION_WINDOW
-        if self.recv_window < 0:
-            raise f.ProtocolError("the client overran the connection window", f.FLOW_CONTROL_ERROR)
-        call = self.calls.get(frame.stream_id)
-        if call is None or call.remote_closed:
+        stream_id = frame.stream_id
+        if stream_id == 0:
+            raise f.ProtocolError("DATA on stream 0")
+        update, within = self.flow.received(stream_id, len(frame.payload))
+        if update is not None:
+            self.emit(update)
+        call = self.calls.get(stream_id)
+        if call is None:
+            if stream_id > self.last_stream_id:
+                raise f.ProtocolError(f"DATA on stream {stream_id}, which was never opened")
             return  # a call already answered or reset: its data is dropped
+        if not within:
+            self.reset(call, f.FLOW_CONTROL_ERROR)
+            return
+        if call.remote_closed:
+            return
         end = bool(frame.flags & f.END_STREAM)
-        call.recv_window -= size
+        payload = f.unpad(frame.flags, frame.payload)
+        if not payload and not end:
+            self.floods.count_control(self.now, "empty DATA frames")
         if not end and not call.backlogged():
             self.refill(call)
-        call.receive(f.unpad(frame.flags, frame.payload), end)
+        call.receive(payload, end)
 
     def refill(self, call: Call) -> None:
-        """Give a call's window back to the client once half of it is used. A streaming call
-        whose reader has fallen behind gets it only as the reader catches up (Call.backlogged):
-        that is what stops a client from streaming requests faster than they are served."""
-        if call.recv_window < STREAM_WINDOW // 2 and not call.remote_closed:
-            self.emit(f.window_update(call.stream_id, STREAM_WINDOW - call.recv_window))
-            call.recv_window = STREAM_WINDOW
+        """Give a call's window back to the client once half of it is used. A call whose reader
+        has fallen behind (Call.backlogged) gets it only as the reader catches up: that is what
+        stops a client from streaming requests faster than they are served."""
+        if not call.remote_closed:
+            update = self.flow.refill(call.stream_id)
+            if update is not None:
+                self.emit(update)
 
     def _on_headers(self, frame: f.Frame) -> None:
+        if frame.stream_id == 0:
+            raise f.ProtocolError("HEADERS on stream 0")
         block = f.unpad(frame.flags, frame.payload)
         if frame.flags & f.PRIORITY_FLAG:
             block = block[5:]
         if frame.flags & f.END_HEADERS:
             self._on_header_block(frame.stream_id, frame.flags, block)
-        else:
-            self.partial = (frame.stream_id, frame.flags, bytearray(block))
+            return
+        if not block:
+            self.floods.count_control(self.now, "empty HEADERS frames")
+        self.block = (frame.stream_id, frame.flags, bytearray(block), 1)
 
     def _on_continuation(self, frame: f.Frame) -> None:
-        if self.partial is None or self.partial[0] != frame.stream_id:
+        if self.block is None or self.block[0] != frame.stream_id:
             raise f.ProtocolError("CONTINUATION without a header block to continue")
-        stream_id, flags, block = self.partial
+        stream_id, flags, block, count = self.block
+        if not frame.payload:
+            self.floods.count_control(self.now, "empty CONTINUATION frames")
         block += frame.payload
-        if len(block) > MAX_HEADER_LIST:
+        if len(block) > MAX_HEADER_LIST or count >= MAX_HEADER_FRAMES:
             raise f.ProtocolError("header block too large", f.ENHANCE_YOUR_CALM)
         if frame.flags & f.END_HEADERS:
-            self.partial = None
+            self.block = None
             self._on_header_block(stream_id, flags, bytes(block))
+        else:
+            self.block = (stream_id, flags, block, count + 1)
 
     def _on_header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         headers = self.decoder.decode(block)  # always: the HPACK state must follow the client's
@@ -192,259 +221,226 @@ class Connection(asyncio.Protocol):
         if stream_id % 2 == 0 or stream_id <= self.last_stream_id:
             raise f.ProtocolError(f"stream {stream_id} cannot start here")
         self.last_stream_id = stream_id
+        if self.going_away or 0 < self.options.max_concurrent_streams <= len(self.calls):
+            self.floods.count_reset(self.now)  # refused streams cost like reset ones
+            self.emit(f.rst_stream(stream_id, f.REFUSED_STREAM))
+            return
         self._start_call(stream_id, headers, end)
 
     def _start_call(self, stream_id: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
-        if self.going_away:
-            self.emit(f.rst_stream(stream_id, f.REFUSED_STREAM))
-            return
         path = next((value for name, value in headers if name == b":path"), b"")
         route = self.routes.get(path)
-        if route is None:
-            message = _NOT_FOUND + path.decode("latin-1")
+        refusal = (_UNIMPLEMENTED, _NOT_FOUND + path.decode("latin-1")) if route is None else (
+            route.admit(headers) if route.admit is not None else None)
+        if refusal is not None:
+            # Answered from the headers alone (an unknown method, or a caller without the
+            # credentials): whatever body the client sends is dropped, never buffered.
             self.emit(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id,
-                              trailers(_UNIMPLEMENTED, message, headers_too=True)))
+                              trailers(refusal[0], refusal[1], headers_too=True)))
             if not end:
                 self.emit(f.rst_stream(stream_id, f.NO_ERROR))
             return
-        call = Call(self, stream_id, route, headers, (self.peer_window, STREAM_WINDOW), self.options.max_message_size)
+        assert route is not None
+        call = Call(self, stream_id, route, headers, self.options.max_message_size)
+        if not self.calls:
+            self.lifetime.busy()
+            if self.limit is not None:
+                self.limit.busy(self)
         self.calls[stream_id] = call
+        self.flow.open(stream_id)
         if route.client_streaming:
             call.start()
         if end:
             call.receive(b"", True)
 
     def _on_rst_stream(self, frame: f.Frame) -> None:
-        call = self.calls.pop(frame.stream_id, None)
-        self.blocked.pop(frame.stream_id, None)
-        if call is not None:
-            call.reset()
+        f.parse_u32(frame.payload, "RST_STREAM")
+        if frame.stream_id == 0 or frame.stream_id > self.last_stream_id:
+            raise f.ProtocolError(f"RST_STREAM on stream {frame.stream_id}, which was never opened")
+        call = self.calls.get(frame.stream_id)
+        if call is None:
+            self.floods.count_control(self.now, "RST_STREAM of closed streams")
+            return
+        self.floods.count_reset(self.now)
+        self._forget(call)
+        call.reset()
 
     def _on_settings(self, frame: f.Frame) -> None:
+        if frame.stream_id != 0:
+            raise f.ProtocolError("SETTINGS on a stream")
         if frame.flags & f.ACK:
+            self.floods.count_control(self.now, "SETTINGS ACKs")
             return
+        self.floods.count_settings(self.now)
         values = f.parse_settings(frame.payload)
-        if f.INITIAL_WINDOW_SIZE in values:
-            window = values[f.INITIAL_WINDOW_SIZE]
-            if window > f.MAX_WINDOW:
-                raise f.ProtocolError("initial window too large", f.FLOW_CONTROL_ERROR)
-            for call in self.calls.values():
-                call.window += window - self.peer_window
-            self.peer_window = window
         if f.MAX_FRAME_SIZE in values:
-            self.peer_max_frame = max(f.DEFAULT_MAX_FRAME, min(values[f.MAX_FRAME_SIZE], MAX_FRAME))
+            size = values[f.MAX_FRAME_SIZE]
+            if not f.DEFAULT_MAX_FRAME <= size <= f.MAX_FRAME_LIMIT:
+                raise f.ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {size} out of range")
+            self.outbox.max_frame = min(size, MAX_FRAME)
         self.emit(f.frame(f.SETTINGS, f.ACK, 0))
-        self._unblock()
+        if f.INITIAL_WINDOW_SIZE in values:
+            self.flow.peer_settings(values[f.INITIAL_WINDOW_SIZE])
+            self.outbox.drain_all()
 
     def _on_ping(self, frame: f.Frame) -> None:
+        if frame.stream_id != 0:
+            raise f.ProtocolError("PING on a stream")
         if len(frame.payload) != 8:
             raise f.ProtocolError("PING payload must be 8 bytes", f.FRAME_SIZE_ERROR)
         if frame.flags & f.ACK:
-            if self._age_ping is not None and frame.payload == self._age_ping:
-                self._age_go_away()
-                return
-            timer = self._timers.pop("ping_timeout", None)
-            if timer is not None:
-                timer.cancel()
+            if not self.lifetime.ping_acked(frame.payload):
+                self.floods.count_control(self.now, "PING ACKs nobody asked for")
             return
-        if self.ping_policy.received_ping(time.monotonic(), idle=not self.calls):
+        if not self.lifetime.ping(frame.payload, self.now):
             self.close(f.ENHANCE_YOUR_CALM, b"too_many_pings")
             return
         self.emit(f.frame(f.PING, f.ACK, 0, frame.payload))
 
     def _on_goaway(self, frame: f.Frame) -> None:
+        self.floods.count_control(self.now, "GOAWAY")
         self.going_away = True
-        if not self.calls and self.transport is not None:
-            self.transport.close()
+        if not self.calls:
+            self._close_transport()
 
     def _on_window_update(self, frame: f.Frame) -> None:
         increment = f.parse_u32(frame.payload, "WINDOW_UPDATE")
-        if frame.stream_id == 0:
-            self.send_window += increment
-            if self.send_window > f.MAX_WINDOW:
-                raise f.ProtocolError("connection window overflow", f.FLOW_CONTROL_ERROR)
-            self._unblock()
+        stream_id = frame.stream_id
+        if stream_id == 0:
+            self.flow.granted(0, increment)
+            if not self.outbox.waiting:
+                self.floods.count_window_update(self.now, "WINDOW_UPDATEs that free nothing")
+            self.outbox.drain_all()
             return
-        call = self.calls.get(frame.stream_id)
-        if call is not None:
-            call.window += increment
-            if frame.stream_id in self.blocked:
-                self._flush_call(call)
+        call = self.calls.get(stream_id)
+        if call is None:
+            if stream_id > self.last_stream_id:
+                raise f.ProtocolError(f"WINDOW_UPDATE on stream {stream_id}, which was never opened")
+            self.floods.count_control(self.now, "WINDOW_UPDATEs of closed streams")
+            return
+        if not self.flow.granted(stream_id, increment):
+            self.reset(call, f.PROTOCOL_ERROR if increment == 0 else f.FLOW_CONTROL_ERROR)
+        elif self.outbox.has_waiting(stream_id):
+            self.outbox.drain(stream_id)
+        else:
+            self.floods.count_window_update(self.now, "WINDOW_UPDATEs that free nothing")
 
-    # -- frames out ------------------------------------------------------------------------
+    def _on_priority(self, frame: f.Frame) -> None:
+        if frame.stream_id == 0:
+            raise f.ProtocolError("PRIORITY on stream 0")
+        self.floods.count_control(self.now, "PRIORITY")
+
+    def _on_push_promise(self, frame: f.Frame) -> None:
+        raise f.ProtocolError("PUSH_PROMISE from a client")
+
+    def _on_unknown(self, frame: f.Frame) -> None:
+        self.floods.count_control(self.now, "frames of unknown types")  # ignored, as RFC 9113 asks
+
+    # -- frames out (for calls) ------------------------------------------------------------
 
     def emit(self, data: bytes | memoryview) -> None:
-        self.out.append(data)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
-
-    def flush(self) -> None:
-        self.flush_scheduled = False
-        if self.out and self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(self.out)
-        self.out = []
+        self.outbox.emit(data)
 
     def send_headers(self, call: Call) -> None:
         call.headers_sent = True
         encoding = call.encoding.encode() if call.encoding else None
         self.emit(f.frame(f.HEADERS, f.END_HEADERS, call.stream_id, response_headers(encoding)))
-        self._sent_data()
+        self.lifetime.sent_data()
 
-    def send_data(self, call: Call, pieces: list[bytes]) -> None:
-        call.pending.extend(memoryview(piece) for piece in pieces)
-        self._flush_call(call)
+    def send_data(self, call: Call, pieces: list[bytes]) -> bool:
+        """A message for the client; False when the connection already holds too much unsent."""
+        return self.outbox.data(call.stream_id, pieces, sum(len(piece) for piece in pieces))
 
     def send_trailers(self, call: Call, code: int, message: str) -> None:
         call.closed = True
-        call.trailers = trailers(code, message, headers_too=not call.headers_sent)
-        self._flush_call(call)
+        self.outbox.trailers(call.stream_id, trailers(code, message, headers_too=not call.headers_sent))
 
-    def _flush_call(self, call: Call) -> None:
-        """Send the call's DATA as far as the windows allow, then its trailers."""
-        while call.pending:
-            budget = min(self.send_window, call.window, self.peer_max_frame)
-            if budget <= 0:
-                self.blocked[call.stream_id] = call
-                return
-            self._send_frame_of(call, budget)
-        self.blocked.pop(call.stream_id, None)
-        if call.trailers is not None:
-            self.emit(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, call.stream_id, call.trailers))
-            call.trailers = None
-            self._end(call)
-        self._sent_data()
+    def reset(self, call: Call, code: int) -> None:
+        """End a call at once with RST_STREAM `code`."""
+        self._forget(call)
+        call.reset()
+        self.emit(f.rst_stream(call.stream_id, code))
 
-    def _send_frame_of(self, call: Call, budget: int) -> None:
-        pieces: list[memoryview] = []
-        taken = 0
-        pending = call.pending
-        while pending and taken < budget:
-            piece = pending[0]
-            room = budget - taken
-            if len(piece) <= room:
-                pieces.append(pending.popleft())
-                taken += len(piece)
-            else:
-                pieces.append(piece[:room])
-                pending[0] = piece[room:]
-                taken += room
-        self.emit(f.head(f.DATA, 0, call.stream_id, taken))
-        self.out.extend(pieces)
-        self.send_window -= taken
-        call.window -= taken
-
-    def _end(self, call: Call) -> None:
-        self.calls.pop(call.stream_id, None)
-        if not call.remote_closed:
-            self.emit(f.rst_stream(call.stream_id, f.NO_ERROR))  # we are done: stop sending
-        if self.going_away and not self.calls and self.transport is not None:
-            self.flush()
-            self.transport.close()
-
-    def _unblock(self) -> None:
-        for call in list(self.blocked.values()):
-            self._flush_call(call)
-
-    def _sent_data(self) -> None:
-        self.ping_policy.sent_data()
-        self.pings.sent_data()
-
-    # -- keepalive and shutdown ------------------------------------------------------------
-
-    def _schedule_keepalive(self) -> None:
-        if self.pings.interval_s > 0:
-            loop = asyncio.get_running_loop()
-            self._timers["keepalive"] = loop.call_later(self.pings.interval_s, self._keepalive)
-
-    def _keepalive(self) -> None:
-        if self.pings.should_ping(idle=not self.calls) and "ping_timeout" not in self._timers:
-            self.emit(f.frame(f.PING, 0, 0, os.urandom(8)))
-            loop = asyncio.get_running_loop()
-            self._timers["ping_timeout"] = loop.call_later(self.pings.timeout_s, self._ping_timed_out)
-        self._schedule_keepalive()
-
-    def _time_partial_frame(self) -> None:
-        """A frame begun must end within the handshake timeout too: a client dribbling one
-        frame a byte at a time (slowloris after the preface) is closed like a slow preface."""
-        if not self.reader.partial:
-            if "frame" in self._timers:
-                self._timers.pop("frame").cancel()
-        elif "frame" not in self._timers and self.options.handshake_timeout_secs > 0:
-            loop = asyncio.get_running_loop()
-            self._timers["frame"] = loop.call_later(self.options.handshake_timeout_secs, self._frame_timed_out)
-
-    def _frame_timed_out(self) -> None:
-        self._timers.pop("frame", None)
-        log.debug("gRPC client did not finish a frame in time: closing its connection")
-        self.close(f.PROTOCOL_ERROR, b"frame not completed in time")
-
-    def _handshake_timed_out(self) -> None:
-        self._timers.pop("handshake", None)
-        log.debug("gRPC client did not send the HTTP/2 preface and a frame in time: closing its connection")
-        self.close(f.PROTOCOL_ERROR, b"HTTP/2 preface and first frame not received in time")
-
-    def _ping_timed_out(self) -> None:
-        log.debug("gRPC client did not answer a keepalive ping: closing its connection")
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _age_reached(self) -> None:
-        """The connection is --grpc-max-connection-age-ms old: end it gracefully, as gRPC core
-        does: GOAWAY naming every stream, a PING, and once its answer shows the client has seen
-        the GOAWAY, the final GOAWAY; calls then open finish (within the grace) and it closes."""
-        self._timers.pop("age", None)
-        if self.going_away or self.transport is None:
+    def _ended(self, stream_id: int) -> None:
+        """The outbox sent a call's trailers."""
+        call = self.calls.get(stream_id)
+        if call is None:
             return
-        log.debug("gRPC connection reached its maximum age: sending GOAWAY")
-        self._age_ping = os.urandom(8)
-        self.emit(f.goaway(age.MAX_STREAM_ID, f.NO_ERROR, b"max_age"))
-        self.emit(f.frame(f.PING, 0, 0, self._age_ping))
-        loop = asyncio.get_running_loop()
-        self._timers["age_ping"] = loop.call_later(age.PING_WAIT_S, self._age_go_away)
-        grace = age.grace_seconds(self.options)
-        if grace > 0:
-            self._timers["age_grace"] = loop.call_later(grace, self._age_grace_over)
+        self._forget(call)
+        if not call.remote_closed:
+            self.emit(f.rst_stream(stream_id, f.NO_ERROR))  # we are done: stop sending
+        self.lifetime.sent_data()
 
-    def _age_go_away(self) -> None:
-        timer = self._timers.pop("age_ping", None)
-        if timer is not None:
-            timer.cancel()
-        self._age_ping = None
-        if not self.going_away:
-            self.go_away()
+    def _data_sent(self) -> None:
+        self.lifetime.sent_data()  # pings are welcome again
+        self.floods.data_sent()  # and WINDOW_UPDATEs answering it free
 
-    def _age_grace_over(self) -> None:
-        self._timers.pop("age_grace", None)
-        if self.calls:
-            log.debug("gRPC calls still open after the maximum connection age's grace: closing")
-        self.close()
+    def _stalled(self, stream_id: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            log.debug("gRPC call sent nothing for --grpc-send-timeout-secs: resetting it")
+            self.reset(call, f.CANCEL)
 
-    def go_away(self) -> None:
+    def _forget(self, call: Call) -> None:
+        stream_id = call.stream_id
+        if self.calls.pop(stream_id, None) is None:
+            return
+        self.flow.close(stream_id)
+        self.outbox.drop(stream_id)
+        if not self.calls:
+            self.lifetime.idle(time.monotonic())
+            if self.limit is not None:
+                self.limit.idle(self)
+            if self.going_away and self.transport is not None:
+                self.outbox.flush()
+                self._close_transport()
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def _input_timed_out(self, why: bytes) -> None:
+        log.debug("gRPC client too slow (%s): closing its connection", why.decode())
+        self.close(f.PROTOCOL_ERROR, why)
+
+    def evict(self) -> None:
+        """Make room for a new connection (--max-connections): this one has no call open."""
+        self.go_away(b"too many connections (--max-connections)")
+
+    def go_away(self, debug: bytes = b"") -> None:
         """Stop taking calls; the connection closes once the running ones are answered."""
         self.going_away = True
-        self.emit(f.goaway(self.last_stream_id, f.NO_ERROR))
+        self.emit(f.goaway(self.last_stream_id, f.NO_ERROR, debug))
         if not self.calls and self.transport is not None:
-            self.flush()
-            self.transport.close()
+            self.outbox.flush()
+            self._close_transport()
 
     def close(self, code: int = f.NO_ERROR, debug: bytes = b"") -> None:
         """Close now: GOAWAY with `code`, calls still running are cancelled."""
         self.emit(f.goaway(self.last_stream_id, code, debug))
-        self.flush()
+        self.outbox.flush()
         for call in list(self.calls.values()):
             call.reset()
+        self._close_transport()
+
+    def abort(self) -> None:
         if self.transport is not None:
+            self.transport.abort()
+
+    def _close_transport(self) -> None:
+        self.closed = True
+        if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+            self.lifetime.closing()
 
 
 _HANDLERS: dict[int, Any] = {
     f.DATA: Connection._on_data,
     f.HEADERS: Connection._on_headers,
-    f.CONTINUATION: Connection._on_continuation,
+    f.PRIORITY: Connection._on_priority,
     f.RST_STREAM: Connection._on_rst_stream,
     f.SETTINGS: Connection._on_settings,
+    f.PUSH_PROMISE: Connection._on_push_promise,
     f.PING: Connection._on_ping,
     f.GOAWAY: Connection._on_goaway,
     f.WINDOW_UPDATE: Connection._on_window_update,
+    f.CONTINUATION: Connection._on_continuation,
 }

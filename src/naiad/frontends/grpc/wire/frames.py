@@ -28,6 +28,7 @@ FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM =
 DEFAULT_WINDOW = 65_535
 DEFAULT_MAX_FRAME = 16_384
 MAX_WINDOW = 2**31 - 1
+MAX_FRAME_LIMIT = 2**24 - 1  # the largest SETTINGS_MAX_FRAME_SIZE
 
 _HEAD = struct.Struct(">BHBBI")  # length as 1 + 2 bytes, type, flags, stream id
 _SETTING = struct.Struct(">HI")

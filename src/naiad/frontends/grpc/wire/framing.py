@@ -40,6 +40,11 @@ class MessageReader:
         self._compressed = False
         self._in_body = False
 
+    @property
+    def partial(self) -> bool:
+        """Part of a message is buffered, waiting for the rest."""
+        return self._in_body or bool(self._chunks)
+
     def feed(self, data: bytes) -> list[Message]:
         """The messages completed by `data` (CallError for an oversized or undecodable one)."""
         if not self._chunks and not self._in_body and len(data) >= 5:

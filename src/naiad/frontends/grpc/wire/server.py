@@ -8,6 +8,7 @@ import ssl
 import time
 
 from naiad.config.options import GrpcOptions
+from naiad.frontends.connections import ConnectionLimit
 from naiad.frontends.grpc.wire.connection import Connection
 from naiad.frontends.grpc.wire.router import Route
 
@@ -19,10 +20,12 @@ _STOP_TICK_S = 0.02
 class WireServer:
     """gRPC over HTTP/2 written on asyncio (no grpcio server), for every route in `routes`."""
 
-    def __init__(self, routes: dict[bytes, Route], options: GrpcOptions, tls: ssl.SSLContext | None) -> None:
+    def __init__(self, routes: dict[bytes, Route], options: GrpcOptions, tls: ssl.SSLContext | None,
+                 limit: ConnectionLimit | None = None) -> None:
         self.routes = routes
         self.options = options
         self.tls = tls
+        self.limit = limit  # --max-connections, shared with the HTTP listener
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
 
@@ -30,7 +33,7 @@ class WireServer:
         """Listen; OSError when the address cannot be bound."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(self.routes, self.options, self.connections),
+            lambda: Connection(self.routes, self.options, self.connections, self.limit),
             host, port, ssl=self.tls, backlog=backlog, reuse_address=True,
         )
 

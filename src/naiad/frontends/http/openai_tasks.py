@@ -1,0 +1,61 @@
+"""Which repository models serve which OpenAI task, from their configs: "llm" models generate,
+and a model that turns text into a vector serves embeddings (`/v1/embeddings`, see
+openai_embeddings). Shared by `/v1/models` and the task endpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.core.server import InferenceServer
+from naiad.errors import InternalError, NaiadError
+
+TASK = "openai_task"  # config parameter: "embedding" declares the task
+TOKENS_OUTPUT = "openai_tokens_output"  # config parameter: the output holding each text's token count
+
+
+@dataclass(frozen=True, slots=True)
+class Embedder:
+    """How one model serves embeddings: its text input, vector output and batch size."""
+
+    name: str
+    text_input: str
+    vector_output: str
+    size: int  # the vector's length
+    max_batch: int  # 0: one text per request
+    tokens_output: str | None
+
+
+def embedder(name: str, config: mc.ModelConfig) -> Embedder | None:
+    """The model as an embedder, or None when it is not one. It is one when its config says so
+    (`openai_task: "embedding"`) or when its shape leaves no doubt: its one input BYTES of dims
+    [1] and one FP32 output of one dimension (a vector per text). A declared embedder without
+    that input and output is a configuration mistake, named in an InternalError."""
+    task = config.parameters[TASK].string_value if TASK in config.parameters else ""
+    if task and task != "embedding":
+        return None
+    texts = [t for t in config.input if t.data_type == mc.TYPE_STRING and list(t.dims) == [1]]
+    vectors = [t for t in config.output if t.data_type == mc.TYPE_FP32 and len(t.dims) == 1 and t.dims[0] > 0]
+    if task != "embedding" and not (len(config.input) == 1 and len(texts) == 1 and len(vectors) == 1):
+        return None
+    if len(texts) != 1 or len(vectors) != 1:
+        if task == "embedding":  # declared, but no shape naiad can drive: a config mistake to name
+            raise InternalError(f"model '{name}' declares openai_task embedding but has no single BYTES input "
+                                "of dims [1] and FP32 vector output")
+        return None
+    tokens = config.parameters[TOKENS_OUTPUT].string_value if TOKENS_OUTPUT in config.parameters else None
+    return Embedder(name, texts[0].name, vectors[0].name, int(vectors[0].dims[0]), config.max_batch_size, tokens)
+
+
+def embedding_models(server: InferenceServer) -> list[str]:
+    """The ready models that serve embeddings, by name."""
+    names = sorted({entry["name"] for entry in server.repository_index(ready_only=True)})
+    return [name for name in names if embedder_or_none(server, name) is not None]
+
+
+def embedder_or_none(server: InferenceServer, name: str) -> Embedder | None:
+    try:
+        return embedder(name, server.model_config_message(name, None))
+    except NaiadError:
+        return None
