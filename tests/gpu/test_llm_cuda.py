@@ -9,8 +9,8 @@ import pytest
 import torch
 from llm.tiny_models import PREFIX, REQUESTS, TINY, build_tiny_model, hf_model, run_staggered
 
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.sampling_params import GREEDY, SamplingParams
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import GREEDY, SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from llm.tiny_models import build_tiny_model, run_staggered
 
-from naiad.llm.engine import EngineConfig, LLMEngine
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 
 pytestmark = [
     pytest.mark.gpu,

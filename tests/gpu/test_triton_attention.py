@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from naiad.llm.attention import AttentionMetadata, decode_reference
 from naiad.llm.kernels import triton_attention
+from naiad.llm.layers.attention import AttentionMetadata, decode_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [

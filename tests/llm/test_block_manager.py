@@ -1,7 +1,7 @@
 import pytest
 
-from naiad.llm.block_manager import Block, BlockManager, FreeBlockQueue, num_blocks_for
-from naiad.llm.sequence import Sequence
+from naiad.llm.engine.block_manager import Block, BlockManager, FreeBlockQueue, num_blocks_for
+from naiad.llm.engine.sequence import Sequence
 
 
 def _seq(tokens: list[int], seq_id: str = "s") -> Sequence:

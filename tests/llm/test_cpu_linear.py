@@ -1,4 +1,5 @@
-"""oneDNN-prepacked linears: same results as nn.Linear in bf16, and only where they apply."""
+"""oneDNN-prepacked linears: same results as nn.Linear in bf16, and only where they apply (the
+packing tests need a CPU whose bf16 oneDNN packs: AVX512-BW/VL/DQ or AVX-NE-CONVERT)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ import pytest
 import torch
 from torch import nn
 
-from naiad.llm import model_runner
-from naiad.llm.cpu_linear import PackedLinear, can_prepack, prepack_linears
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.sampling_params import GREEDY
+from naiad.llm.engine import model_runner
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import GREEDY
+from naiad.llm.layers.cpu_linear import PackedLinear, can_prepack, prepack_linears
 
-pytestmark = pytest.mark.skipif(
-    not can_prepack(torch.bfloat16, torch.device("cpu")), reason="this torch build has no oneDNN linear"
+needs_packing = pytest.mark.skipif(
+    not can_prepack(torch.bfloat16, torch.device("cpu")),
+    reason="oneDNN packs no bf16 weights on this CPU or torch build (no AVX512-BW/VL/DQ or AVX-NE-CONVERT)",
 )
 
 
+@needs_packing
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 7, 64])
 def test_packed_linear_equals_nn_linear_in_bf16(bias: bool, rows: int) -> None:
@@ -31,6 +34,7 @@ def test_packed_linear_equals_nn_linear_in_bf16(bias: bool, rows: int) -> None:
         assert torch.equal(packed(x.view(1, rows, 96)), expected.view(1, rows, 200))  # leading dims kept
 
 
+@needs_packing
 def test_prepack_swaps_every_linear() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4, bias=False))).to(torch.bfloat16)
     assert prepack_linears(model) == 2
@@ -43,6 +47,7 @@ def test_only_bf16_on_the_cpu() -> None:
     assert not can_prepack(torch.bfloat16, torch.device("meta"))
 
 
+@needs_packing
 def test_a_bf16_engine_generates_the_same_tokens_packed_or_not(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -55,3 +60,16 @@ def test_a_bf16_engine_generates_the_same_tokens_packed_or_not(
     packed = generate()
     monkeypatch.setattr(model_runner, "can_prepack", lambda dtype, device: False)
     assert generate() == packed
+
+
+def test_without_bf16_in_hardware_nothing_is_packed_and_bf16_still_generates(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An AVX2-only CPU: oneDNN refuses to pack bf16 weights there, so the engine keeps plain
+    linears and serves bf16 all the same (the bundled model failed to load on such CPUs)."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert not can_prepack(torch.bfloat16, torch.device("cpu"))
+    engine = LLMEngine(EngineConfig(model=tiny_models["qwen2"], dtype="bf16", kv_cache_memory=8 << 20))
+    assert not any(isinstance(module, PackedLinear) for module in engine.runner.model.modules())
+    (tokens,) = engine.generate([[5, 9, 2, 7, 1, 8]], max_tokens=6, sampling_params=GREEDY)
+    assert len(tokens) == 6

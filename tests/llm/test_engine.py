@@ -13,9 +13,9 @@ import pytest
 
 from llm.tiny_models import PREFIX, REQUESTS, TINY, hf_greedy, hf_model, run_staggered, tokens
 from naiad.errors import InvalidArgument
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.sampling_params import GREEDY, SamplingParams
-from naiad.llm.sequence import FinishReason, Sequence
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import GREEDY, SamplingParams
+from naiad.llm.engine.sequence import FinishReason, Sequence
 
 BLOCK = 4
 

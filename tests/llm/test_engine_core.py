@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from naiad.llm import engine_core
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.engine_core import (
+from naiad.llm.engine import engine_core
+from naiad.llm.engine.engine_core import (
     AddRequest,
     CoreMessage,
     EngineClient,
@@ -21,7 +20,8 @@ from naiad.llm.engine_core import (
     RequestRejected,
     StepOutputs,
 )
-from naiad.llm.sampling_params import GREEDY, SamplingParams
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import GREEDY, SamplingParams
 
 PROMPTS = [[5, 9, 2, 7, 1, 8], [3, 3, 4], list(range(3, 40))]
 

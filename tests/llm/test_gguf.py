@@ -14,10 +14,10 @@ import torch
 from gguf import GGUFReader
 
 from llm.test_models import Runner
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.gguf import hf_name, read_config, smollm2_path, unpermute_qk
-from naiad.llm.sampling_params import GREEDY
-from naiad.llm.tokenizer import Tokenizer
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import GREEDY
+from naiad.llm.loading.gguf import hf_name, read_config, smollm2_path, unpermute_qk
+from naiad.llm.loading.tokenizer import Tokenizer
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -144,10 +144,10 @@ def test_tokenizer_from_hf_directory(tokenizer: Tokenizer, tmp_path: Path) -> No
 
 def test_the_q4_1_blocks_serve_without_dequantizing(path: Path, tokenizer: Tokenizer, engine: LLMEngine) -> None:
     """`quantization: "gguf"` keeps the file's Q4_1 linears as 8-bit blocks (exact values) for the
-    C kernel, in half the memory (the fp32 embedding stays). Its answer's first token is a near
-    tie in fp32 ("The" -1.88 against "L" -1.97 log-probability), which rounding the activations
-    to int8 flips: each of fp32's answer tokens is asked after fp32's own prefix instead."""
-    from naiad.llm.quantization import Q8BlockLinear, weight_bytes
+    C kernel, in half the memory (the fp32 embedding stays). Each of fp32's answer tokens is asked
+    after fp32's own prefix, the first included: a near tie in fp32 ("The" -1.88 against "L" -1.97
+    log-probability) that int8 activations flipped and the kernel's 15-bit ones keep (2026-12-04)."""
+    from naiad.llm.layers.quantization import Q8BlockLinear, weight_bytes
 
     kept = LLMEngine(EngineConfig(model=path, dtype="float32", kv_cache_memory=64 << 20, quantization="gguf"))
     model = kept.runner.model
@@ -158,4 +158,4 @@ def test_the_q4_1_blocks_serve_without_dequantizing(path: Path, tokenizer: Token
     assert "Paris" in tokenizer.decode(answer)
     prefixes = [prompt + answer[:i] for i in range(len(answer))]
     choices = kept.generate(prefixes, 1, GREEDY)
-    assert [c[0] for c in choices[1:]] == answer[1:]  # "The capital of France is Paris." and the end
+    assert [c[0] for c in choices] == answer  # "The capital of France is Paris." and the end

@@ -4,6 +4,7 @@ kept as 8-bit blocks for the C kernel)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import gguf
@@ -13,10 +14,11 @@ import torch
 
 from llm.test_quantization_smollm2 import Batch
 from llm.tiny_models import TINY, hf_model, tokens
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.loader import load_model, read_args
-from naiad.llm.quantization import Q8BlockLinear, weight_bytes
-from naiad.llm.sampling_params import SamplingParams
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import SamplingParams
+from naiad.llm.layers.quantization import Q8BlockLinear, weight_bytes
+from naiad.llm.loading.gguf import open_gguf
+from naiad.llm.loading.loader import load_model, read_args
 
 _LAYER_PARTS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -97,10 +99,11 @@ def test_logits_agree_with_the_dequantized_model(gguf_file: Path) -> None:
     prompt = tokens(20, seed=3)
     (expected,) = Batch(dequantized, 1, len(prompt)).feed([prompt])
     (got,) = Batch(kept, 1, len(prompt)).feed([prompt])
-    # the kept model also rounds its activations to int8 per block of 32, through two layers
-    # measured: 2.1 % (Q8_0), 1.9 % (Q4_0), 3.4 % (Q4_1) of the largest logit; the kernel itself
-    # is exact against torch on the same rounded activations (test_quantization.py)
-    assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+    # the kept model also rounds its activations to 15 bits per block of 32, through two layers;
+    # measured (2026-12-04, portable path): 0.027 % (Q8_0), 0.019 % (Q4_0), 0.026 % (Q4_1) of the
+    # largest logit (int8 activations gave 2-3.4 %); the kernel itself is exact against torch on
+    # the same rounded activations (test_quantization.py)
+    assert (got - expected).abs().max() < 0.01 * expected.abs().max()
 
 
 def _engine(path: Path, quantization: str) -> LLMEngine:
@@ -126,3 +129,13 @@ def test_the_engine_serves_the_blocks_with_the_same_greedy_tokens(gguf_file: Pat
 def test_gguf_quantization_needs_a_gguf_file(tiny_models: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match=r"needs a \.gguf model file"):
         load_model(tiny_models["llama"], "float32", quantization="gguf")
+
+
+def test_a_file_is_parsed_once_per_process_and_version(gguf_file: Path) -> None:
+    """The loader, the tokenizer and the end-token lookup share one parse of the metadata
+    (seconds for a real vocabulary); a changed file is parsed again."""
+    first = open_gguf(gguf_file)
+    assert open_gguf(gguf_file) is first and open_gguf(str(gguf_file)) is first
+    stat = gguf_file.stat()
+    os.utime(gguf_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert open_gguf(gguf_file) is not first

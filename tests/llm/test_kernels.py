@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from naiad.llm import kernels
-from naiad.llm.attention import AttentionMetadata, decode_reference
+from naiad.llm.layers.attention import AttentionMetadata, decode_reference
 
 BLOCK = 16
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from naiad.llm import model_runner
-from naiad.llm.block_manager import num_blocks_for
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.model_runner import RunnerConfig, available_host_memory, kv_cache_budget
+from naiad.llm.engine import model_runner
+from naiad.llm.engine.block_manager import num_blocks_for
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.model_runner import RunnerConfig, available_host_memory, kv_cache_budget
 
 CPU = torch.device("cpu")
 

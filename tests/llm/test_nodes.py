@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from llm.tiny_models import TINY, run_staggered
-from naiad.llm import nodes
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.nodes import KEY_ENV
-from naiad.llm.sampling_params import GREEDY
-from naiad.llm.workers import WorkerDied
+from naiad.llm.distributed import nodes
+from naiad.llm.distributed.nodes import KEY_ENV
+from naiad.llm.distributed.workers import WorkerDied
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import GREEDY
 
 BLOCK = 4
 KEY = "loopback-test-secret"

@@ -23,13 +23,14 @@ import pytest
 
 from llm.test_tensor_parallel import _assert_close, _children, _top_logprobs
 from llm.tiny_models import REQUESTS, TINY, build_tiny_model, run_staggered
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.engine_core import AddRequest, CoreMessage, EngineClient, EngineFailed, StepOutputs
-from naiad.llm.model_runner import ModelRunner, RunnerConfig, StepPlan
-from naiad.llm.parallel import destroy_group, free_port, init_group, stage_layers
-from naiad.llm.pipeline import split_plan, split_rows
-from naiad.llm.sampling_params import GREEDY
-from naiad.llm.workers import WorkerDied
+from naiad.llm.distributed.parallel import destroy_group, free_port, init_group, stage_layers
+from naiad.llm.distributed.pipeline import split_plan, split_rows
+from naiad.llm.distributed.workers import WorkerDied
+from naiad.llm.engine.engine_core import AddRequest, CoreMessage, EngineClient, EngineFailed, StepOutputs
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.model_runner import ModelRunner, RunnerConfig, StepPlan
+from naiad.llm.engine.sampling_params import GREEDY
+from naiad.llm.layers.quantization import OUTLIER_COLUMNS, Int8Linear
 
 BLOCK = 4
 LAYERS = 3  # odd: two stages hold 2 and 1 layers
@@ -109,6 +110,21 @@ def test_stages_match_one_process(models: dict[str, Path], variant: str, pp: int
         _check_matches_one_process(models, engine, variant)
     finally:
         engine.close()
+    assert not multiprocessing.active_children()
+
+
+def test_int8_stages_calibrate_together_and_match_one_process(models: dict[str, Path]) -> None:
+    """`quantization: "int8"` in two stages: every stage runs its part of the calibration forward at
+    its start (hidden states handed on as in a step), and the greedy tokens are one process's."""
+    one = LLMEngine(_config(models["llama"], 1, 1, quantization="int8"))
+    expected = run_staggered(one)
+    two = LLMEngine(_config(models["llama"], 1, 2, quantization="int8"))
+    try:
+        layer = two.runner.model.model.layers[0].mlp.down_proj
+        assert isinstance(layer, Int8Linear) and layer.columns.numel() == OUTLIER_COLUMNS
+        assert run_staggered(two) == expected
+    finally:
+        two.close()
     assert not multiprocessing.active_children()
 
 

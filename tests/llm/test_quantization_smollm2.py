@@ -1,61 +1,47 @@
-"""The done criterion of INT8 on a real model: SmolLM2-135M-Instruct (the bundled GGUF file,
-Q4_1, dequantized to fp32 as the reference) against its int8 form (per-channel int8 weights,
-activations in int8 per block of 32): at least 95 % of 32 prompts' greedy tokens agree, and
-the perplexity of a fixed English text rises by less than 2 %.
+"""The done criterion of the 8-bit paths on a real model: SmolLM2-135M-Instruct (the bundled GGUF
+file, Q4_1, dequantized to fp32 as the reference) against its `"int8"` form (int8 blocks of 32
+with float16 scales, 8 calibrated outlier columns per layer in float16, activations in 15 bits
+per block of 32) and its `"gguf"` form (the file's blocks as they are, the same activations),
+both built by the engine's ModelRunner as a user gets them. On each of three texts: at least
+97 % of 32 prompts' greedy tokens agree with fp32, and the text's perplexity stays within 1 %.
 
 The models are run directly (no engine): one prefill of every prompt, eight batched decode
 steps for fp32's greedy tokens, then one teacher-forced prefill of prompt + those tokens for
-int8, so that one early difference does not count as every later token differing.
+the 8-bit model, so that one early difference does not count as every later token differing.
 
-The prompts are windows of the text, cut mid-sentence, where a 135M model's top two tokens are
-often near ties: measured (2026-11-30, VNNI) on three such sets of 32 prompts, int8 agrees on
-243, 245 and 245 of 256 tokens (this test's set is the second), bf16 weights on 249, 247 and
-247; weight-only int8 (float activations) on 248 of the first set. Perplexity: -0.7 %.
+The prompts are windows of the texts, cut mid-sentence, where a 135M model's top two tokens are
+often near ties (11-12 of each set's 256 are within 0.05 nats). Measured 2026-12-04 on a 2-core
+AMD EPYC with AVX2 only (the portable path: these prefills go through torch on the kernel's
+rounded activations), load average 1-2: int8 agrees on 251, 253 and 252 of 256 tokens
+(lighthouse, bread, rivers; each miss a near tie, fp32's top two 0.001-0.104 nats apart), gguf
+on all 256; perplexity -0.01 %, -0.16 %, +0.20 % (int8) and 0.00 % (gguf). The former int8 (a
+float32 scale per output channel, no outlier columns; main at f20f3c4 on the same path) gave
+246, 234 and 244, perplexity -0.70 %, +1.16 %, +0.69 %. 96-120 s on that machine at load
+average 1-3, 320 s at 4-5.
 """
 
 from __future__ import annotations
 
-import copy
 import math
+from functools import cache
 
 import pytest
 import torch
+from gguf import GGUFReader
 from torch.nn import functional as F
 
+from llm.smollm2_texts import TEXTS
 from naiad.llm import kernels
-from naiad.llm.attention import AttentionMetadata, allocate_kv_caches
-from naiad.llm.gguf import smollm2_path
-from naiad.llm.loader import load_gguf
+from naiad.llm.engine.model_runner import ModelRunner, RunnerConfig
+from naiad.llm.layers.attention import AttentionMetadata, allocate_kv_caches
+from naiad.llm.layers.quantization import OUTLIER_COLUMNS, Int8Linear, Q8BlockLinear, weight_bytes
+from naiad.llm.loading.gguf import smollm2_path
+from naiad.llm.loading.tokenizer import Tokenizer
 from naiad.llm.models.llama import LlamaForCausalLM
-from naiad.llm.quantization import Int8Linear, quantize_linears, weight_bytes
 
 BLOCK = 16
-PROMPT, NEW_TOKENS = 12, 8
-TEXT = (
-    "The history of the lighthouse is a story about people who lived at the edge of the land and watched "
-    "the sea for a living. Long before electric lamps, sailors relied on fires lit on hilltops to find "
-    "their way home at night. The ancient lighthouse of Alexandria, built on the island of Pharos more "
-    "than two thousand years ago, was one of the wonders of the world, and its name still means "
-    "lighthouse in several languages.\n"
-    "For centuries, keepers climbed the narrow stairs every evening to trim the wicks and polish the "
-    "glass. The work was lonely and often dangerous. Storms could cut a rock station off from the "
-    "mainland for weeks, and supply boats could not land until the waves calmed down. Many keepers kept "
-    "diaries, and their notes tell us about the weather, the ships that passed, and the small routines "
-    "that filled the long days.\n"
-    "In the nineteenth century, the Fresnel lens changed everything. Instead of one large mirror, the "
-    "lens used rings of glass prisms to bend the light into a narrow beam that could be seen from far "
-    "away. A single lamp could now shine across twenty miles of open water. Governments built new towers "
-    "along dangerous coasts, and each one was given its own pattern of flashes so that sailors could tell "
-    "them apart.\n"
-    "Today most lighthouses are automatic. Satellites and electronic charts guide ships across the "
-    "oceans, and the old towers have become museums, hotels, or simply landmarks that visitors like to "
-    "photograph. Yet on a dark and stormy night, a steady beam on the horizon still means the same thing "
-    "it always has: you are close to the shore, and someone has thought about your safety.\n"
-    "Children who visit these towers often ask how the keepers spent their free time. The answer is that "
-    "they read books, painted, grew vegetables in small gardens, and wrote letters to their families. "
-    "Some of them became well known as artists or writers, and their stories remind us that a quiet life "
-    "can still be a full one.\n"
-)
+PROMPTS, PROMPT, NEW_TOKENS = 32, 12, 8
+AGREEMENT, PERPLEXITY = 0.97, 0.01  # the done criterion: of the greedy tokens; relative
 
 
 class Batch:
@@ -83,51 +69,80 @@ class Batch:
         return list(logits.split(lens))
 
 
-@pytest.fixture(scope="module")
-def models() -> tuple[LlamaForCausalLM, LlamaForCausalLM, list[int]]:
-    model, tokenizer, _ = load_gguf(smollm2_path(), "float32")
-    int8 = copy.deepcopy(model)
-    assert quantize_linears(int8, "int8") == 30 * 4 + 1  # qkv, o, gate_up, down per layer; the LM head
-    return model, int8, tokenizer.encode(TEXT)
+@cache
+def model(quantization: str) -> LlamaForCausalLM:
+    """SmolLM2 as the engine loads it: fp32 ("none"), "int8" (calibrated at load) or "gguf"."""
+    config = RunnerConfig(model=smollm2_path(), dtype="float32", kv_cache_memory=1 << 20, quantization=quantization)
+    runner = ModelRunner(config)
+    assert isinstance(runner.model, LlamaForCausalLM)
+    return runner.model
 
 
-def test_int8_takes_less_memory(models: tuple[LlamaForCausalLM, LlamaForCausalLM, list[int]]) -> None:
-    fp32, int8, _ = models
-    assert isinstance(int8.model.layers[0].mlp.down_proj, Int8Linear)
-    # 538 MB → 249 MB: the embedding stays fp32 (113 MB; the LM head, tied to it, gains an int8 copy)
-    assert weight_bytes(int8) < 0.5 * weight_bytes(fp32)
+@cache
+def text(name: str) -> tuple[int, ...]:
+    return tuple(Tokenizer.from_gguf(GGUFReader(smollm2_path())).encode(TEXTS[name]))
 
 
-def test_int8_greedy_tokens_agree_with_fp32(models: tuple[LlamaForCausalLM, LlamaForCausalLM, list[int]]) -> None:
-    fp32, int8, text = models
-    prompts = [text[8 * i + 4 : 8 * i + 4 + PROMPT] for i in range(32)]  # 32 windows of the text
-    batch = Batch(fp32, len(prompts), PROMPT + NEW_TOKENS)
-    logits = batch.feed(prompts)
-    greedy: list[list[int]] = [[] for _ in prompts]
+def prompts(name: str) -> list[list[int]]:
+    """32 windows of the text, 8 tokens apart."""
+    tokens = list(text(name))
+    return [tokens[8 * i + 4 : 8 * i + 4 + PROMPT] for i in range(PROMPTS)]
+
+
+@cache
+def fp32_greedy(name: str) -> tuple[tuple[int, ...], ...]:
+    """fp32's eight greedy tokens after each prompt (decoded in one batch)."""
+    rows = prompts(name)
+    batch = Batch(model("none"), len(rows), PROMPT + NEW_TOKENS)
+    logits = batch.feed(rows)
+    greedy: list[list[int]] = [[] for _ in rows]
     for _ in range(NEW_TOKENS):
         for out, row in zip(greedy, logits, strict=True):
             out.append(int(row[-1].argmax()))
         logits = batch.feed([[out[-1]] for out in greedy])
-    forced = Batch(int8, len(prompts), PROMPT + NEW_TOKENS).feed(
-        [prompt + out for prompt, out in zip(prompts, greedy, strict=True)])
-    # int8's choice after the prompt and each of fp32's tokens but the last
+    return tuple(map(tuple, greedy))
+
+
+def agreement(quantization: str, name: str) -> int:
+    """How many of fp32's greedy tokens the quantized model picks after the same prefix."""
+    rows, greedy = prompts(name), fp32_greedy(name)
+    forced = Batch(model(quantization), len(rows), PROMPT + NEW_TOKENS).feed(
+        [prompt + list(out) for prompt, out in zip(rows, greedy, strict=True)])
+    # the choice after the prompt and each of fp32's tokens but the last
     answers = [row[PROMPT - 1 : PROMPT - 1 + NEW_TOKENS].argmax(dim=1).tolist() for row in forced]
-    same = sum(a == b for got, want in zip(answers, greedy, strict=True) for a, b in zip(got, want, strict=True))
-    print(f"int8 agrees with fp32 on {same} of {32 * NEW_TOKENS} greedy tokens (VNNI: {kernels.has_vnni()})")
-    assert same >= 0.95 * 32 * NEW_TOKENS
+    return sum(a == b for got, want in zip(answers, greedy, strict=True) for a, b in zip(got, want, strict=True))
 
 
-def test_int8_perplexity_stays_within_two_percent(
-    models: tuple[LlamaForCausalLM, LlamaForCausalLM, list[int]],
-) -> None:
-    fp32, int8, text = models
-    assert len(text) > 300
+@cache
+def perplexity(quantization: str, name: str) -> float:
+    tokens = list(text(name))
+    (logits,) = Batch(model(quantization), 1, len(tokens)).feed([tokens])
+    return math.exp(F.cross_entropy(logits[:-1], torch.tensor(tokens[1:])).item())
 
-    def perplexity(model: LlamaForCausalLM) -> float:
-        (logits,) = Batch(model, 1, len(text)).feed([text])
-        return math.exp(F.cross_entropy(logits[:-1], torch.tensor(text[1:])).item())
 
-    before, after = perplexity(fp32), perplexity(int8)
-    print(f"perplexity fp32 {before:.3f}, int8 {after:.3f} ({after / before - 1:+.2%})")
-    assert before < 40  # the model reads English: the text is not noise to it
-    assert after < before * 1.02
+def test_int8_keeps_blocks_and_outlier_columns_and_takes_less_memory() -> None:
+    fp32, int8 = model("none"), model("int8")
+    down = int8.model.layers[0].mlp.down_proj
+    assert isinstance(down, Int8Linear) and down.columns.numel() == OUTLIER_COLUMNS
+    assert isinstance(int8.lm_head, Int8Linear)
+    # 538 MB → 260 MB (2026-12-04): the embedding stays fp32 (113 MB; the LM head, tied to it, gains an int8 copy)
+    assert weight_bytes(int8) < 0.52 * weight_bytes(fp32)
+    assert isinstance(model("gguf").model.layers[0].mlp.down_proj, Q8BlockLinear)
+
+
+@pytest.mark.parametrize("name", list(TEXTS))
+@pytest.mark.parametrize("quantization", ["int8", "gguf"])
+def test_greedy_tokens_agree_with_fp32(quantization: str, name: str) -> None:
+    same, total = agreement(quantization, name), PROMPTS * NEW_TOKENS
+    print(f"{quantization} agrees with fp32 on {same} of {total} greedy tokens of {name!r} "
+          f"(VNNI: {kernels.has_vnni()}, threads: {torch.get_num_threads()})")
+    assert same >= AGREEMENT * total
+
+
+@pytest.mark.parametrize("name", list(TEXTS))
+@pytest.mark.parametrize("quantization", ["int8", "gguf"])
+def test_perplexity_stays_within_one_percent(quantization: str, name: str) -> None:
+    before, after = perplexity("none", name), perplexity(quantization, name)
+    print(f"{name!r}: perplexity fp32 {before:.3f}, {quantization} {after:.3f} ({after / before - 1:+.2%})")
+    assert before < 30  # the model reads English: the text is not noise to it
+    assert abs(after / before - 1) < PERPLEXITY

@@ -1,4 +1,4 @@
-"""Tensor parallelism with rank 1 as a Ray actor (naiad.llm.ray_workers), on a real local Ray.
+"""Tensor parallelism with rank 1 as a Ray actor (naiad.llm.distributed.ray_workers), on a real local Ray.
 
 The engine runs exactly as with its worker processes, with `distributed_executor_backend: ray`
 building a `RayWorkerGroup` instead of a `WorkerGroup`: two ranks give the same greedy
@@ -19,11 +19,11 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 
-import naiad.llm.ray_workers as ray_workers_module  # noqa: E402
+import naiad.llm.distributed.ray_workers as ray_workers_module  # noqa: E402
 from llm.tiny_models import REQUESTS, TINY, run_staggered  # noqa: E402
-from naiad.llm.engine import EngineConfig, LLMEngine  # noqa: E402
-from naiad.llm.ray_workers import RayWorkerGroup  # noqa: E402
-from naiad.llm.workers import WorkerDied  # noqa: E402
+from naiad.llm.distributed.ray_workers import RayWorkerGroup  # noqa: E402
+from naiad.llm.distributed.workers import WorkerDied  # noqa: E402
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

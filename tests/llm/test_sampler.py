@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from naiad.errors import InvalidArgument
-from naiad.llm.sampler import SamplingBatch, apply_filters, logprobs, sample
-from naiad.llm.sampling_params import GREEDY, SamplingParams
+from naiad.llm.engine.sampling_params import GREEDY, SamplingParams
+from naiad.llm.layers.sampler import SamplingBatch, apply_filters, logprobs, sample
 
 PROBS = torch.tensor([0.05, 0.5, 0.15, 0.3])  # sorted: 1 (0.5), 3 (0.3), 2 (0.15), 0 (0.05)
 ROWS = 4000

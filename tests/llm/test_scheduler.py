@@ -8,10 +8,10 @@ tokens as a sequence that ran alone.
 import pytest
 
 from naiad.errors import AlreadyExists, InvalidArgument
-from naiad.llm.block_manager import BlockManager
-from naiad.llm.sampling_params import SamplingParams
-from naiad.llm.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from naiad.llm.sequence import FinishReason, Sequence, SequenceStatus
+from naiad.llm.engine.block_manager import BlockManager
+from naiad.llm.engine.sampling_params import SamplingParams
+from naiad.llm.engine.scheduler import SchedulerConfig, SchedulerOutput, StepScheduler
+from naiad.llm.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
 def _next_token(context: list[int]) -> int:
@@ -33,16 +33,16 @@ def _scheduler(
     max_num_batched_tokens: int = 64,
     max_model_len: int = 64,
     caching: bool = True,
-) -> Scheduler:
+) -> StepScheduler:
     config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len)
-    return Scheduler(config, BlockManager(num_blocks, block_size, enable_prefix_caching=caching))
+    return StepScheduler(config, BlockManager(num_blocks, block_size, enable_prefix_caching=caching))
 
 
 def _prompt(n: int, start: int = 1) -> list[int]:
     return list(range(start, start + n))
 
 
-def _add(sched: Scheduler, seq_id: str, prompt: list[int], max_tokens: int = 4, **kwargs) -> Sequence:
+def _add(sched: StepScheduler, seq_id: str, prompt: list[int], max_tokens: int = 4, **kwargs) -> Sequence:
     seq = Sequence(seq_id, prompt, max_tokens, **kwargs)
     sched.add(seq)
     return seq
@@ -56,7 +56,7 @@ def _sampled(output: SchedulerOutput) -> list[int]:
     ]
 
 
-def _step(sched: Scheduler) -> tuple[SchedulerOutput, list[Sequence]]:
+def _step(sched: StepScheduler) -> tuple[SchedulerOutput, list[Sequence]]:
     output = sched.schedule()
     return output, sched.update(output, _sampled(output))
 
@@ -65,7 +65,7 @@ def _ids(output: SchedulerOutput) -> list[str]:
     return [seq.seq_id for seq in output.seqs]
 
 
-def _run(sched: Scheduler, max_steps: int = 500) -> list[SchedulerOutput]:
+def _run(sched: StepScheduler, max_steps: int = 500) -> list[SchedulerOutput]:
     outputs = []
     while sched.has_unfinished():
         assert len(outputs) < max_steps, "the scheduler made no progress"
@@ -73,7 +73,7 @@ def _run(sched: Scheduler, max_steps: int = 500) -> list[SchedulerOutput]:
     return outputs
 
 
-def _check_idle(sched: Scheduler) -> None:
+def _check_idle(sched: StepScheduler) -> None:
     bm = sched.block_manager
     assert bm.num_free_blocks == bm.num_blocks and bm.num_used_blocks == 0
     assert sched.num_running == sched.num_waiting == 0

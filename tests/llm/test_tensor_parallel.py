@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 
 from llm.tiny_models import REQUESTS, TINY, build_tiny_model, run_staggered
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.engine_core import AddRequest, CoreMessage, EngineClient, EngineFailed, StepOutputs
-from naiad.llm.sampling_params import GREEDY, SamplingParams
-from naiad.llm.sequence import TokenLogprobs
-from naiad.llm.workers import WorkerDied
+from naiad.llm.distributed.workers import WorkerDied
+from naiad.llm.engine.engine_core import AddRequest, CoreMessage, EngineClient, EngineFailed, StepOutputs
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import GREEDY, SamplingParams
+from naiad.llm.engine.sequence import TokenLogprobs
+from naiad.llm.layers.quantization import OUTLIER_COLUMNS, Int8Linear
 
 BLOCK = 4
 
@@ -90,6 +91,27 @@ def test_two_ranks_match_one_process(models: dict[str, Path], variant: str) -> N
         if variant == "odd-vocab":
             assert two.scheduler.num_preemptions > 0
         _assert_close(expected_logprobs, _top_logprobs(two))
+    finally:
+        two.close()
+    assert not multiprocessing.active_children()
+
+
+def test_int8_ranks_calibrate_together_and_match_one_process(models: dict[str, Path]) -> None:
+    """`quantization: "int8"` split two ways: every rank runs the calibration forward at its start
+    (its all-reduces meet), a row-parallel layer keeps one process's float16 columns (each rank
+    those in its share of the inputs), and the split int8 model's greedy tokens are one process's."""
+    one = LLMEngine(_config(models["qwen2"], 1, quantization="int8"))
+    expected = run_staggered(one)
+    two = LLMEngine(_config(models["qwen2"], 2, quantization="int8"))
+    try:
+        layer = two.runner.model.model.layers[0].self_attn.qkv_proj
+        assert isinstance(layer, Int8Linear) and layer.columns.numel() == OUTLIER_COLUMNS
+        for name in ("self_attn.o_proj", "mlp.down_proj"):  # rank 0's share: the first inputs
+            whole = one.runner.model.get_submodule(f"model.layers.1.{name}")
+            share = two.runner.model.get_submodule(f"model.layers.1.{name}")
+            assert isinstance(whole, Int8Linear) and isinstance(share, Int8Linear)
+            assert share.columns.tolist() == [c for c in whole.columns.tolist() if c < share.in_features], name
+        assert run_staggered(two) == expected
     finally:
         two.close()
     assert not multiprocessing.active_children()

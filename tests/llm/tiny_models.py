@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from naiad.llm.engine import LLMEngine
+    from naiad.llm.engine.llm_engine import LLMEngine
 
 TINY = {
     "hidden_size": 64,
@@ -117,7 +117,7 @@ REQUESTS = [
 
 def run_staggered(engine: LLMEngine, requests: list[tuple[list[int], int, int]] = REQUESTS) -> list[list[int]]:
     """Feed `requests` greedily as they arrive, step the engine to the end; outputs in request order."""
-    from naiad.llm.sampling_params import GREEDY
+    from naiad.llm.engine.sampling_params import GREEDY
 
     index: dict[str, int] = {}
     outputs: dict[int, list[int]] = {}

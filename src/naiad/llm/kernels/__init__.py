@@ -1,7 +1,7 @@
 """CPU kernels in plain C, built on first use with the machine's gcc and called through ctypes:
 decode attention over the paged cache (`paged_attention.c`), the decoder layer's fused
 element-wise ops (`fused_ops.c`: RMSNorm with the residual add, rotary embedding, SiLU-gating)
-and 8-bit linear layers with 8-bit activations, on AVX512-VNNI where the CPU has it and in
+and 8-bit linear layers with 15-bit activations, on AVX512-VNNI where the CPU has it and in
 portable C elsewhere (`q8_linear.c`).
 
 Why not a torch C++ extension: one including torch's headers takes about a minute to compile
@@ -99,8 +99,8 @@ def library() -> ctypes.CDLL | None:
         lib.rms_norm.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 5, ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
         lib.rotary.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 6]
         lib.silu_mul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-        lib.q8_linear.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, ctypes.c_int, *[ctypes.c_void_p] * 2,
-                                  *[ctypes.c_int64] * 5, ctypes.c_int]
+        lib.q8_linear.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, ctypes.c_int, *[ctypes.c_void_p] * 3,
+                                  ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_int]
         lib.q8_has_vnni.argtypes = []
         for name in ("rms_norm", "rotary", "silu_mul", "q8_linear", "q8_has_vnni"):
             getattr(lib, name).restype = ctypes.c_int
@@ -197,9 +197,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-#: `q8_linear`'s weight scales: one float32 per output channel, one float16 per block of 32
-#: inputs, or a float16 scale and minimum per block (w = d * q + m, GGUF's Q4_1).
-SCALE_CHANNEL_F32, SCALE_BLOCK_F16, SCALE_BLOCK_F16_MIN = 0, 1, 2
+#: `q8_linear`'s weight scales: one float16 per block of 32 inputs, or a float16 scale and
+#: minimum per block (w = d * q + m, GGUF's Q4_1).
+SCALE_BLOCK_F16, SCALE_BLOCK_F16_MIN = 0, 1
 
 
 def has_vnni() -> bool:
@@ -221,19 +221,33 @@ def q8_linear(
     scale_kind: int,
     bias: torch.Tensor | None,
     out_features: int,
+    columns: torch.Tensor | None = None,
+    column_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`x @ W.T + bias` for 8-bit `W` in q8_linear.c's panel layout (`packed` uint8
-    `[panels, in_pad / 4, 16, 4]`, `scales` as `scale_kind` says); `x`'s rows are quantized to
-    int8 per block of 32 inside. Float32 `bias`; the result in `x`'s dtype."""
+    `[panels, in_pad / 4, 16, 4]`, float16 `scales` as `scale_kind` says); `x`'s rows are quantized
+    to 15 bits per block of 32 inside. `columns` (int64) are inputs multiplied in float by
+    `column_weights` (float16 `[panels, len(columns), 16]`; zero in `packed`). Float32 `bias`; the
+    result in `x`'s dtype."""
     x = x.contiguous()
     in_features = x.shape[-1]
     rows, in_pad = x.numel() // in_features, packed.shape[1] * 4
+    ncols = 0 if columns is None else columns.numel()
+    column_ptrs: tuple[int | None, int | None] = (None, None)
+    if columns is not None and ncols:
+        if column_weights is None or column_weights.shape != (packed.shape[0], ncols, 16):
+            raise ValueError(f"{ncols} outlier columns need float16 weights [{packed.shape[0]}, {ncols}, 16]")
+        column_ptrs = (columns.data_ptr(), column_weights.data_ptr())
+    if scales.dtype != torch.float16 or (column_weights is not None and column_weights.dtype != torch.float16):
+        raise ValueError("q8_linear's scales and column weights are float16")
     out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
     vnni = os.environ.get("NAIAD_LLM_VNNI", "1") != "0"
     status = _lib().q8_linear(_DTYPES[x.dtype], x.data_ptr(), packed.data_ptr(), scales.data_ptr(), scale_kind,
-                              None if bias is None else bias.data_ptr(), out.data_ptr(), rows, in_features, in_pad,
-                              out_features, torch.get_num_threads(), int(vnni))
+                              None if bias is None else bias.data_ptr(),
+                              *column_ptrs, ncols, out.data_ptr(), rows, in_features, in_pad, out_features,
+                              torch.get_num_threads(), int(vnni))
     if status == -2:
-        raise ValueError(f"packed weights of {in_pad} inputs do not fit {in_features} (a multiple of 32 at least)")
+        raise ValueError(f"packed weights of {in_pad} inputs do not fit {in_features} (a multiple of 32 at least), "
+                         f"or bad outlier columns")
     _check(status, "q8_linear")
     return out

@@ -10,9 +10,9 @@ every scheduled sequence back to back, with their positions. The q/k/v projectio
 into one `qkv_proj` and gate/up into one `gate_up_proj` (one GEMM each instead of three and
 two); `load_weights` slices Hugging Face's separate tensors into them.
 
-Under tensor parallelism (`naiad.llm.parallel`) each rank builds the model with its share of the
+Under tensor parallelism (`naiad.llm.distributed.parallel`) each rank builds the model with its share of the
 heads, MLP columns and vocabulary, and `load_weights` copies only that share of each tensor.
-Under pipeline parallelism (`naiad.llm.pipeline`) each stage builds only its decoder layers
+Under pipeline parallelism (`naiad.llm.distributed.pipeline`) each stage builds only its decoder layers
 (numbered from 0 in `layers`, the checkpoint's `layer_range`), stage 0 the embedding and the last
 stage the final norm and LM head; `load_weights` skips the other stages' tensors, and the forward
 splits into `LlamaModel.embed`, `LlamaModel.run_layers` and `LlamaForCausalLM.compute_logits`.
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from naiad.llm import kernels
-from naiad.llm.attention import AttentionMetadata, KVCache, paged_attention
-from naiad.llm.parallel import TensorParallel
+from naiad.llm.distributed.parallel import TensorParallel
+from naiad.llm.layers.attention import AttentionMetadata, KVCache, paged_attention
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -361,7 +361,8 @@ class LlamaForCausalLM(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         """The activations' dtype (a norm's weight: never quantized, on every stage)."""
-        return self.model.layers[0].input_layernorm.weight.dtype
+        first: DecoderLayer = self.model.layers[0]  # type: ignore[assignment]  # ModuleList items are Modules to mypy
+        return first.input_layernorm.weight.dtype
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head when the config ties them.
@@ -460,7 +461,7 @@ class LlamaForCausalLM(nn.Module):
     def _part(self, name: str, param: torch.Tensor, part: int) -> torch.Tensor:
         """The rows of a fused parameter that one Hugging Face tensor fills (all of the others)."""
         if ".qkv_proj." in name:
-            attn = self.model.layers[0].self_attn
+            attn: Attention = self.model.layers[0].self_attn  # type: ignore[assignment]  # submodules are Modules to mypy
             return param.split([attn.q_size, attn.kv_size, attn.kv_size])[part]
         if ".gate_up_proj." in name:
             return param.chunk(2)[part]
@@ -468,6 +469,12 @@ class LlamaForCausalLM(nn.Module):
 
     # The dimension each tensor-parallel weight is split along (the others are whole on every rank).
     _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+    @staticmethod
+    def row_parallel(module: str) -> bool:
+        """Whether the linear layer named `module` ("model.layers.0.mlp.down_proj") holds a share
+        of its input columns under tensor parallelism."""
+        return LlamaForCausalLM._split_dim(f"{module}.weight") == 1
 
     @staticmethod
     def _split_dim(name: str) -> int | None:

@@ -36,9 +36,10 @@ from multiprocessing.process import BaseProcess
 
 import torch
 
-from naiad.llm.model_runner import ModelRunner, RunnerConfig, StepPlan
-from naiad.llm.nodes import Cluster, NodeListener, RemoteProcess
-from naiad.llm.parallel import TensorParallel, destroy_group, free_port, init_group, rank_device
+from naiad.llm.distributed.nodes import Cluster, NodeListener, RemoteProcess
+from naiad.llm.distributed.parallel import TensorParallel, destroy_group, free_port, init_group, rank_device
+from naiad.llm.distributed.step_sync import TableMirror, WireStep
+from naiad.llm.engine.model_runner import ModelRunner, RunnerConfig
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +93,11 @@ def run_worker(config: RunnerConfig, rank: int, size: int, port: int, conn: Conn
         return
     conn.send(("ready", WorkerInfo(runner.model.model.layer_range, runner.weight_bytes())))
     try:
+        tables = TableMirror()
         while (message := conn.recv_bytes()) != _SHUTDOWN:
-            plan: StepPlan = pickle.loads(message)
+            step: WireStep = pickle.loads(message)
             with torch.inference_mode():
-                runner.forward_plan(plan)
+                runner.forward_plan(tables.plan(step))
     except (EOFError, OSError):
         return  # rank 0 is gone: nothing left to serve
     destroy_group()
@@ -136,7 +138,7 @@ class WorkerGroup:
         self.cluster = cluster = cluster or Cluster()
         self.local_ranks = cluster.ranks_per_node(size)  # this node's: ranks 0..local_ranks-1
         listener = None
-        if cluster.active:  # the other nodes' ranks connect to rank 0 (naiad.llm.nodes)
+        if cluster.active:  # the other nodes' ranks connect to rank 0 (naiad.llm.distributed.nodes)
             self.host, self.port = cluster.master_addr, cluster.master_port + 1
             listener = NodeListener(cluster, config, size, tp_size)
         else:
@@ -200,9 +202,9 @@ class WorkerGroup:
                     return f"{worker.name} could not start: {message}"
         return None
 
-    def send_step(self, plan: StepPlan) -> None:
+    def send_step(self, step: WireStep) -> None:
         self.check()
-        message = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+        message = pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)
         for worker in self.workers:
             try:
                 worker.conn.send_bytes(message)

@@ -14,18 +14,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from naiad.errors import InvalidArgument
-from naiad.llm.block_manager import BlockManager
-from naiad.llm.loader import read_args, read_eos_token_ids
-from naiad.llm.model_runner import ModelRunner, RunnerConfig
-from naiad.llm.nodes import Cluster
-from naiad.llm.parallel import check_devices, check_no_group, check_shardable, check_stages, destroy_group
-from naiad.llm.sampling_params import SamplingParams
-from naiad.llm.scheduler import Scheduler, SchedulerConfig
-from naiad.llm.sequence import Sequence
-from naiad.llm.workers import WorkerGroup
+from naiad.llm.distributed.nodes import Cluster
+from naiad.llm.distributed.parallel import check_devices, check_no_group, check_shardable, check_stages, destroy_group
+from naiad.llm.distributed.workers import WorkerGroup
+from naiad.llm.engine.block_manager import BlockManager
+from naiad.llm.engine.model_runner import ModelRunner, RunnerConfig
+from naiad.llm.engine.sampling_params import SamplingParams
+from naiad.llm.engine.scheduler import SchedulerConfig, StepScheduler
+from naiad.llm.engine.sequence import Sequence
+from naiad.llm.loading.loader import read_args, read_eos_token_ids
 
 if TYPE_CHECKING:
-    from naiad.llm.ray_workers import RayWorkerGroup
+    from naiad.llm.distributed.ray_workers import RayWorkerGroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +38,9 @@ class EngineConfig:
     context length, capped by what the KV cache holds.
 
     `tensor_parallel_size` N > 1 splits the model over N processes (this one and N - 1 workers,
-    `naiad.llm.workers`); the KV cache memory is then per rank, each holding its kv heads.
+    `naiad.llm.distributed.workers`); the KV cache memory is then per rank, each holding its kv heads.
     `pipeline_parallel_size` P > 1 splits the decoder layers into P stages, each a process (or a
-    tensor-parallel group of them: N x P processes in all, `naiad.llm.pipeline`); each stage's KV
+    tensor-parallel group of them: N x P processes in all, `naiad.llm.distributed.pipeline`); each stage's KV
     cache holds its layers. `pipeline_micro_batches` caps the micro-batches a step is cut into
     (None: P; 1 turns micro-batching off).
     """
@@ -56,15 +56,15 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # on CUDA: no CUDA graphs for decode steps
-    quantization: str = "none"  # "int8" or "gguf" (naiad.llm.quantization)
+    quantization: str = "none"  # "int8" or "gguf" (naiad.llm.layers.quantization)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     pipeline_micro_batches: int | None = None
     #: "mp": ranks are processes this engine starts (on other nodes: `naiad llm-node` agents);
-    #: "ray": Ray actors in a placement group (naiad.llm.ray_workers; needs the `ray` extra)
+    #: "ray": Ray actors in a placement group (naiad.llm.distributed.ray_workers; needs the `ray` extra)
     distributed_executor_backend: str = "mp"
     #: Multi-node ("mp"): the ranks split evenly over `nnodes` machines meeting at rank 0's
-    #: `master_addr`:`master_port` (naiad.llm.nodes); every node shares $NAIAD_CLUSTER_KEY.
+    #: `master_addr`:`master_port` (naiad.llm.distributed.nodes); every node shares $NAIAD_CLUSTER_KEY.
     nnodes: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
@@ -99,7 +99,7 @@ class LLMEngine:
             self.runner.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
         self.max_model_len = self._max_model_len()
-        self.scheduler = Scheduler(
+        self.scheduler = StepScheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.block_manager
         )
         self.eos_token_ids = read_eos_token_ids(config.model)
@@ -120,7 +120,7 @@ class LLMEngine:
         check_no_group()  # another engine's group: failing later would tear it down
         workers: WorkerGroup | RayWorkerGroup
         if config.distributed_executor_backend == "ray":
-            from naiad.llm.ray_workers import RayWorkerGroup  # Ray only when asked for
+            from naiad.llm.distributed.ray_workers import RayWorkerGroup  # Ray only when asked for
 
             workers = RayWorkerGroup(config.runner_config(), tp, pp)
         else:

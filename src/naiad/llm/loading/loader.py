@@ -11,11 +11,12 @@ import torch
 from gguf import GGUFReader
 from safetensors import safe_open
 
-from naiad.llm import gguf
-from naiad.llm.models.llama import LlamaArgs, LlamaForCausalLM
-from naiad.llm.parallel import TensorParallel
-from naiad.llm.quantization import Q8BlockLinear
-from naiad.llm.tokenizer import Tokenizer
+from naiad.llm.distributed.parallel import TensorParallel
+from naiad.llm.layers.cpu_linear import native_bf16
+from naiad.llm.layers.quantization import Q8BlockLinear
+from naiad.llm.loading import gguf
+from naiad.llm.loading.tokenizer import Tokenizer
+from naiad.llm.models.llama import DecoderLayer, LlamaArgs, LlamaForCausalLM
 
 DTYPES = {
     "float32": torch.float32,
@@ -36,13 +37,19 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
     return config
 
 
-def resolve_dtype(dtype: str | torch.dtype, config: dict[str, Any]) -> torch.dtype:
-    """`dtype` by name, or the checkpoint's own for "auto" (float32 when it names none)."""
+def resolve_dtype(dtype: str | torch.dtype, config: dict[str, Any], device: str | torch.device = "cpu") -> torch.dtype:
+    """`dtype` by name, or for "auto" the fastest that keeps the checkpoint's quality: its own
+    (bf16 for a GGUF file, which names none; float32 for a checkpoint that names none), except
+    that a CPU without bf16 in hardware computes half precision in float32 (`native_bf16`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         # transformers 5 writes "dtype", older versions "torch_dtype".
         dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+        if dtype not in DTYPES:
+            raise ValueError(f"the checkpoint's dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        if DTYPES[dtype] != torch.float32 and torch.device(device).type == "cpu" and not native_bf16():
+            return torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
@@ -62,27 +69,29 @@ def load_model(
     other methods are applied after loading (quantization.quantize_linears).
     """
     if gguf.is_gguf(model):
-        reader = GGUFReader(model)
+        reader = gguf.open_gguf(model)
         config = gguf.read_config(reader)
         args = LlamaArgs.from_hf_config(config)
         if quantization == "gguf":
             if tp is not None and tp.active:
                 raise ValueError("quantization 'gguf' does not run under tensor parallelism yet")
-            built = _empty(args, resolve_dtype(dtype, config), device, tp)
+            built = _empty(args, resolve_dtype(dtype, config, device), device, tp)
             kept = _keep_blocks(built, reader, args)
             built.load_weights(gguf.read_weights(reader, args, skip=kept))
             return built.eval()
-        return _build(args, resolve_dtype(dtype, config), device, gguf.read_weights(reader, args), tp)
+        # "auto" for dequantized blocks: bf16 where the CPU computes it (the file names no dtype)
+        dequantized = {"dtype": "bfloat16", **config}
+        return _build(args, resolve_dtype(dtype, dequantized, device), device, gguf.read_weights(reader, args), tp)
     if quantization == "gguf":
         raise ValueError(f"quantization 'gguf' needs a .gguf model file, not {model}")
     config = read_config(model)
     args = LlamaArgs.from_hf_config(config)
-    return _build(args, resolve_dtype(dtype, config), device, _safetensors(Path(model)), tp)
+    return _build(args, resolve_dtype(dtype, config, device), device, _safetensors(Path(model)), tp)
 
 
 def read_args(model: str | Path) -> LlamaArgs:
     """The model's architecture alone (no weights read), from config.json or the GGUF metadata."""
-    config = gguf.read_config(GGUFReader(model)) if gguf.is_gguf(model) else read_config(model)
+    config = gguf.read_config(gguf.open_gguf(model)) if gguf.is_gguf(model) else read_config(model)
     return LlamaArgs.from_hf_config(config)
 
 
@@ -120,7 +129,8 @@ def _keep_blocks(model: LlamaForCausalLM, reader: GGUFReader, args: LlamaArgs) -
     # A pipeline stage numbers its layers from 0; the file from the model's first.
     first = getattr(model.model, "layer_range", range(0)).start
     plan: list[tuple[torch.nn.Module, str, list[str]]] = []
-    for index, layer in enumerate(model.model.layers):
+    layer: DecoderLayer
+    for index, layer in enumerate(model.model.layers):  # type: ignore[assignment]  # ModuleList items are Modules to mypy
         blk = f"blk.{first + index}"
         plan += [(layer.self_attn, "qkv_proj", [f"{blk}.attn_q", f"{blk}.attn_k", f"{blk}.attn_v"]),
                  (layer.self_attn, "o_proj", [f"{blk}.attn_output"]),
@@ -153,9 +163,10 @@ def _keep_blocks(model: LlamaForCausalLM, reader: GGUFReader, args: LlamaArgs) -
 def load_gguf(
     path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu", quantization: str = "none"
 ) -> tuple[LlamaForCausalLM, Tokenizer, tuple[int, ...]]:
-    """A GGUF file's model (dequantized, "auto" being float32, unless `quantization="gguf"`),
+    """A GGUF file's model (dequantized, "auto" being bf16 where the CPU computes bf16 and float32
+    elsewhere, unless `quantization="gguf"`: float32 around the file's blocks),
     its tokenizer and its end tokens."""
-    reader = GGUFReader(path)
+    reader = gguf.open_gguf(path)
     model = load_model(path, dtype, device, quantization=quantization)
     return model, Tokenizer.from_gguf(reader), gguf.read_eos_token_ids(reader)
 
@@ -176,7 +187,7 @@ def read_eos_token_ids(model_dir: str | Path) -> tuple[int, ...]:
     For a `.gguf` file, the one its tokenizer metadata names.
     """
     if gguf.is_gguf(model_dir):
-        return gguf.read_eos_token_ids(GGUFReader(model_dir))
+        return gguf.read_eos_token_ids(gguf.open_gguf(model_dir))
     for name in ("generation_config.json", "config.json"):
         path = Path(model_dir) / name
         eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None

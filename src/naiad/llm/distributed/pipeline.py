@@ -3,7 +3,7 @@
 `pipeline_parallel_size` P splits the layers into P contiguous stages (`parallel.stage_layers`);
 stage 0 also holds the embedding, the last stage the final norm and the LM head. Every stage is a
 process per tensor-parallel rank (world `tp x P`, stage-major: rank 0, the engine, is stage 0's
-first rank), and every rank receives the same `StepPlan` from rank 0 (`naiad.llm.workers`).
+first rank), and every rank receives the same `StepPlan` from rank 0 (`naiad.llm.distributed.workers`).
 
 One step runs GPipe's forward: its rows split into up to P micro-batches (contiguous rows, about
 the same number of tokens each, `split_plan`); each stage takes them in order — receive the
@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:  # the runner imports this module
-    from naiad.llm.model_runner import ModelRunner, StepPlan
+    from naiad.llm.distributed.parallel import TensorParallel
+    from naiad.llm.engine.model_runner import StepInputs, StepPlan
+    from naiad.llm.layers.attention import KVCache
+    from naiad.llm.models.llama import LlamaForCausalLM
 
 
 def split_rows(num_tokens: list[int], count: int) -> list[range]:
@@ -74,56 +78,65 @@ def split_plan(plan: StepPlan, count: int) -> list[StepPlan]:
     return plans
 
 
-def forward_stage(runner: ModelRunner, plan: StepPlan) -> torch.Tensor | None:
-    """This rank's stage of one step; the step's logits on rank 0 (None elsewhere)."""
-    tp, stage = runner.tp, runner.tp.pipeline
-    model, args = runner.model, runner.args
-    batches = split_plan(plan, runner.config.pipeline_micro_batches or stage.size)
-    previous = stage.rank_of(stage.stage - 1, tp.rank)
-    following = stage.rank_of(stage.stage + 1, tp.rank)
-    sending: list[tuple[dist.Work, torch.Tensor]] = []  # kept until done: the sends read them
-    for batch in batches:
-        inputs = runner.inputs(batch)
-        residual: torch.Tensor | None = None
-        if stage.first:
-            x = model.model.embed(inputs.token_ids)
-        else:
-            received = torch.empty((2, len(batch.token_ids), args.hidden_size), dtype=runner.dtype,
-                                   device=runner.device)
-            dist.recv(received, src=previous)
-            x, residual = received[0], received[1]
-        x, residual = model.model.run_layers(x, residual, inputs.positions, inputs.meta, runner.kv_caches)
-        if not stage.last:
-            out = torch.stack((x, residual))
-            sending.append((_isend(out, following), out))
-        elif batch.logits_indices:  # the same on every rank of the stage: all run the gather, or none
-            logits = model.compute_logits(x, residual, inputs.logits_indices)
-            if logits is not None:  # the stage's first rank: the gathered logits go to rank 0
-                logits = logits.to(runner.dtype).contiguous()  # the dtype rank 0 receives into
-                sending.append((_isend(logits, 0), logits))
-    result = _receive_logits(runner, batches) if stage.first and tp.rank == 0 else None
-    for work, _ in sending:
-        work.wait()
-    return result
+class PipelineStage:
+    """This rank's stage of the model: runs each step's micro-batches through its layers and
+    passes the hidden states on (made by the runner, with what a stage needs of it)."""
+
+    def __init__(self, model: LlamaForCausalLM, tp: TensorParallel, kv_caches: list[KVCache],
+                 inputs: Callable[[StepPlan], StepInputs], micro_batches: int | None) -> None:
+        self.model, self.tp, self.kv_caches, self.inputs = model, tp, kv_caches, inputs
+        self.stage = tp.pipeline
+        self.micro_batches = micro_batches or self.stage.size
+        self.hidden_size, self.vocab_size = model.args.hidden_size, model.args.vocab_size
+        self.dtype, self.device = model.dtype, kv_caches[0][0].device
+
+    def forward(self, plan: StepPlan) -> torch.Tensor | None:
+        """This rank's stage of one step; the step's logits on rank 0 (None elsewhere)."""
+        tp, stage, model = self.tp, self.stage, self.model
+        batches = split_plan(plan, self.micro_batches)
+        previous = stage.rank_of(stage.stage - 1, tp.rank)
+        following = stage.rank_of(stage.stage + 1, tp.rank)
+        sending: list[tuple[dist.Work, torch.Tensor]] = []  # kept until done: the sends read them
+        for batch in batches:
+            inputs = self.inputs(batch)
+            residual: torch.Tensor | None = None
+            if stage.first:
+                x = model.model.embed(inputs.token_ids)
+            else:
+                received = torch.empty((2, len(batch.token_ids), self.hidden_size), dtype=self.dtype,
+                                       device=self.device)
+                dist.recv(received, src=previous)
+                x, residual = received[0], received[1]
+            x, residual = model.model.run_layers(x, residual, inputs.positions, inputs.meta, self.kv_caches)
+            if not stage.last:
+                out = torch.stack((x, residual))
+                sending.append((_isend(out, following), out))
+            elif batch.logits_indices:  # the same on every rank of the stage: all run the gather, or none
+                logits = model.compute_logits(x, residual, inputs.logits_indices)
+                if logits is not None:  # the stage's first rank: the gathered logits go to rank 0
+                    logits = logits.to(self.dtype).contiguous()  # the dtype rank 0 receives into
+                    sending.append((_isend(logits, 0), logits))
+        result = self._receive_logits(batches) if stage.first and tp.rank == 0 else None
+        for work, _ in sending:
+            work.wait()
+        return result
+
+    def _receive_logits(self, batches: list[StepPlan]) -> torch.Tensor:
+        """Rank 0: each micro-batch's logits from the last stage, in order, as the step's."""
+        source = self.stage.rank_of(self.stage.size - 1, 0)
+        parts = []
+        for batch in batches:
+            if batch.logits_indices:
+                part = torch.empty((len(batch.logits_indices), self.vocab_size), dtype=self.dtype,
+                                   device=self.device)
+                dist.recv(part, src=source)
+                parts.append(part)
+        if not parts:
+            return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
+        return torch.cat(parts)
 
 
 def _isend(tensor: torch.Tensor, dst: int) -> dist.Work:
     work = dist.isend(tensor, dst=dst)
     assert work is not None, "a point-to-point send within the group"
     return work
-
-
-def _receive_logits(runner: ModelRunner, batches: list[StepPlan]) -> torch.Tensor:
-    """Rank 0: each micro-batch's logits from the last stage, in order, as the step's."""
-    stage = runner.tp.pipeline
-    source = stage.rank_of(stage.size - 1, 0)
-    parts = []
-    for batch in batches:
-        if batch.logits_indices:
-            part = torch.empty((len(batch.logits_indices), runner.args.vocab_size), dtype=runner.dtype,
-                               device=runner.device)
-            dist.recv(part, src=source)
-            parts.append(part)
-    if not parts:
-        return torch.empty((0, runner.args.vocab_size), dtype=runner.dtype, device=runner.device)
-    return torch.cat(parts)

@@ -13,7 +13,7 @@ core sends to a callback on its reader thread. If the core process dies, the cal
 `EngineFailed` for every request still open, the client stops accepting work, and `on_exit`
 is told why (the llm backend's supervisor then starts a fresh core: `naiad.backends.llm_supervisor`).
 
-With tensor parallelism the core is rank 0 and starts the workers itself (`naiad.llm.workers`).
+With tensor parallelism the core is rank 0 and starts the workers itself (`naiad.llm.distributed.workers`).
 A step that fails because a worker died fails the open requests, as any failed step does, and
 then the core exits: the group cannot run without that rank. An idle core checks its workers
 every `WORKER_CHECK_SECS` and exits the same way, so that a worker lost while nothing runs is
@@ -30,10 +30,10 @@ from multiprocessing.connection import Connection
 
 import msgspec
 
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.sampling_params import SamplingParams
-from naiad.llm.sequence import Sequence, TokenLogprobs
-from naiad.llm.workers import WorkerDied
+from naiad.llm.distributed.workers import WorkerDied
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import SamplingParams
+from naiad.llm.engine.sequence import Sequence, TokenLogprobs
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from naiad.llm.sequence import Sequence
+from naiad.llm.engine.sequence import Sequence
 
 HashFn = Callable[[int, tuple[int, ...]], int]
 

@@ -204,6 +204,7 @@ def _prefill(
     key_pos = torch.arange(row.context_len, device=q.device)[None, :]
     mask = key_pos <= query_pos
     if windowed:
+        assert sliding_window is not None  # windowed says so
         mask &= key_pos > query_pos - sliding_window
     return _sdpa(queries, keys, values, mask[None, None], scale)[0].transpose(0, 1)
 

@@ -7,10 +7,11 @@ state besides the generators of seeded requests.
 
 Under tensor parallelism every rank has a runner over its shard of the model and its own KV
 cache (its kv heads, the same block count on every rank). Rank 0's runner turns each step into
-a `StepPlan`, hands it to `send_step` (the workers' channel, `naiad.llm.workers`) and runs the
-same forward; the workers' runners run `forward_plan` on what they receive. Only rank 0 samples.
+a `StepPlan`, hands it to `send_step` (the workers' channel, `naiad.llm.distributed.workers`) with its block
+tables as changes since the last step (`naiad.llm.distributed.step_sync`) and runs the same forward; the
+workers' runners run `forward_plan` on the plan rebuilt from what they receive. Only rank 0 samples.
 Under pipeline parallelism each stage's runner holds its layers and their KV cache, and
-`forward_plan` runs the stage's share of the step in micro-batches (`naiad.llm.pipeline`).
+`forward_plan` runs the stage's share of the step in micro-batches (`naiad.llm.distributed.pipeline`).
 """
 
 from __future__ import annotations
@@ -22,18 +23,20 @@ from pathlib import Path
 
 import torch
 
-from naiad.llm import pipeline
-from naiad.llm.attention import AttentionMetadata, allocate_kv_caches
-from naiad.llm.block_manager import num_blocks_for
-from naiad.llm.cpu_linear import can_prepack, prepack_linears
-from naiad.llm.cuda_graphs import DecodeGraphs
+from naiad.llm.distributed.parallel import TensorParallel
+from naiad.llm.distributed.pipeline import PipelineStage
+from naiad.llm.distributed.step_sync import TableSender, WireStep
+from naiad.llm.engine.block_manager import num_blocks_for
+from naiad.llm.engine.cuda_graphs import DecodeGraphs
+from naiad.llm.engine.scheduler import SchedulerOutput
+from naiad.llm.engine.sequence import Sequence, TokenLogprobs
 from naiad.llm.kernels import triton_attention
-from naiad.llm.loader import load_model
-from naiad.llm.parallel import TensorParallel
-from naiad.llm.quantization import quantize_linears, weight_bytes
-from naiad.llm.sampler import SamplingBatch, logprobs, sample
-from naiad.llm.scheduler import SchedulerOutput
-from naiad.llm.sequence import Sequence, TokenLogprobs
+from naiad.llm.layers.attention import AttentionMetadata, allocate_kv_caches
+from naiad.llm.layers.calibration import calibration_tokens, input_rms, outlier_columns
+from naiad.llm.layers.cpu_linear import can_prepack, prepack_linears
+from naiad.llm.layers.quantization import quantize_linears, weight_bytes
+from naiad.llm.layers.sampler import SamplingBatch, logprobs, sample
+from naiad.llm.loading.loader import load_model
 
 #: What `execute` returns for rows that sample nothing (prefill chunks with more to come).
 NO_TOKEN = -1
@@ -119,20 +122,26 @@ class ModelRunner:
         self,
         config: RunnerConfig,
         tp: TensorParallel | None = None,
-        send_step: Callable[[StepPlan], None] | None = None,
+        send_step: Callable[[WireStep], None] | None = None,
     ) -> None:
         self.config = config
         self.tp = tp = tp or TensorParallel.single()
         self.send_step = send_step  # rank 0 of a tensor-parallel group: sends each step to the workers
+        self.tables = TableSender() if send_step is not None else None  # block tables as changes
         self.device = torch.device(config.device)
         self.model = load_model(config.model, config.dtype, self.device, tp, config.quantization)
         self.args = self.model.args
         self.dtype = self.model.dtype
+        self.block_size = config.block_size
         if config.quantization != "none":
-            quantize_linears(self.model, config.quantization)
+            columns = None
+            if config.quantization == "int8":
+                # gloo exchanges CPU tensors, NCCL device ones
+                device = self.device if self.device.type == "cuda" else torch.device("cpu")
+                columns = outlier_columns(self._calibrate(), tp, self.model.row_parallel, device)
+            quantize_linears(self.model, config.quantization, columns)
         elif can_prepack(self.dtype, self.device):
             prepack_linears(self.model)
-        self.block_size = config.block_size
         self.kv_cache_memory = kv_cache_budget(config, self.device)
         # This rank's kv heads of its stage's layers; every rank of every stage must have the same
         # blocks (the block tables are shared).
@@ -159,12 +168,32 @@ class ModelRunner:
             self.device,
         )
         self._generators: dict[str, torch.Generator] = {}
+        # Under pipeline parallelism, this rank's stage runs the forward (micro-batches, sends).
+        self.stage = (PipelineStage(self.model, tp, self.kv_caches, self.inputs, config.pipeline_micro_batches)
+                      if tp.pipeline.active else None)
         self.graphs: DecodeGraphs | None = None
         if use_graphs:
             max_len = min(self.args.max_model_len, self.num_blocks * config.block_size)
             self.graphs = DecodeGraphs(self.model, self.kv_caches, config.max_num_seqs,
                                        -(-max_len // config.block_size), config.block_size, self.num_blocks,
                                        self.device)
+
+    def _calibrate(self) -> dict[str, torch.Tensor]:
+        """Each linear layer's input columns' root mean square over one prefill of the fixed
+        calibration tokens, in a KV cache of its own (the int8 layers keep the largest in float16,
+        calibration.outlier_columns). Every rank runs it at this point of its start, so the
+        forward's collectives meet."""
+        tokens = calibration_tokens(self.args.vocab_size)
+        count, blocks = len(tokens), -(-len(tokens) // self.config.block_size)
+        caches = allocate_kv_caches(len(self.model.model.layers), blocks, self.config.block_size,
+                                    self.args.num_kv_heads // self.tp.size, self.args.head_dim, self.dtype, self.device)
+        plan = StepPlan(tokens, list(range(count)), [count], [count], [list(range(blocks))], list(range(count)))
+        if self.tp.pipeline.active:  # each stage its layers, the hidden states handed on as in a step
+            stage = PipelineStage(self.model, self.tp, caches, self.inputs, self.config.pipeline_micro_batches)
+            return input_rms(self.model, lambda: stage.forward(plan))
+        inputs = self.inputs(plan)
+        return input_rms(self.model, lambda: self.model(inputs.token_ids, inputs.positions, inputs.meta, caches,
+                                                        inputs.logits_indices))
 
     def weight_bytes(self) -> int:
         """The bytes of the model's tensors in this process (a tied tensor once)."""
@@ -176,6 +205,8 @@ class ModelRunner:
         and, when some sampling row asks for logprobs, one entry per row (None for the others)."""
         for seq_id in output.finished_seq_ids:
             self._generators.pop(seq_id, None)
+        if self.tables is not None:
+            self.tables.finished(output.finished_seq_ids)
         if not output.seqs:
             return [], None
         logits = self._forward(output)
@@ -212,16 +243,16 @@ class ModelRunner:
                     [c + 1 for c in computed],
                 )
         plan = self.plan(output)
-        if self.send_step is not None:
-            self.send_step(plan)
+        if self.send_step is not None and self.tables is not None:
+            self.send_step(self.tables.wire(plan, [seq.seq_id for seq in output.seqs]))
         logits = self.forward_plan(plan)
         assert logits is not None, "only rank 0 executes scheduler outputs"
         return logits
 
     def forward_plan(self, plan: StepPlan) -> torch.Tensor | None:
         """The model's forward over one step (K/V written to the cache); logits on rank 0 only."""
-        if self.tp.pipeline.active:
-            return pipeline.forward_stage(self, plan)
+        if self.stage is not None:
+            return self.stage.forward(plan)
         inputs = self.inputs(plan)
         return self.model(inputs.token_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
 

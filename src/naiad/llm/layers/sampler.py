@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from naiad.llm.sampling_params import SamplingParams
+from naiad.llm.engine.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

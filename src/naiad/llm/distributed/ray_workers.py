@@ -43,9 +43,10 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.placement_group import placement_group as reserve_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from naiad.llm.model_runner import ModelRunner, RunnerConfig, StepPlan
-from naiad.llm.parallel import TensorParallel, destroy_group, free_port, init_group
-from naiad.llm.workers import WorkerDied, WorkerInfo, worker_name
+from naiad.llm.distributed.parallel import TensorParallel, destroy_group, free_port, init_group
+from naiad.llm.distributed.step_sync import TableMirror, WireStep
+from naiad.llm.distributed.workers import WorkerDied, WorkerInfo, worker_name
+from naiad.llm.engine.model_runner import ModelRunner, RunnerConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class RankActor:
         self.config, self.rank, self.size, self.tp_size = config, rank, size, tp_size
         self.name = worker_name(rank, tp_size, size // tp_size)
         self.runner: ModelRunner | None = None
+        self.tables = TableMirror()  # the block tables rank 0 last sent (steps arrive in order)
         if torch.device(config.device).type == "cpu":
             torch.set_num_threads(threads)
 
@@ -123,11 +125,11 @@ class RankActor:
             return "failed", f"{type(error).__name__}: {error}"
         return "ready", WorkerInfo(self.runner.model.model.layer_range, self.runner.weight_bytes())
 
-    def step(self, plan: StepPlan) -> None:
+    def step(self, step: WireStep) -> None:
         try:
             assert self.runner is not None, "a step before the rank started"
             with torch.inference_mode():
-                self.runner.forward_plan(plan)
+                self.runner.forward_plan(self.tables.plan(step))
         except BaseException:
             # The group is broken now: leave at once, so that the peers' collectives fail fast
             # (as when a worker process dies) rather than wait for this rank until the timeout.
@@ -276,10 +278,10 @@ class RayWorkerGroup:
                     return f"{worker.name} could not start: {message}"
         return None
 
-    def send_step(self, plan: StepPlan) -> None:
+    def send_step(self, step: WireStep) -> None:
         self.check()
         for worker in self.workers:
-            worker.last_step = worker.actor.step.remote(plan)
+            worker.last_step = worker.actor.step.remote(step)
 
     def check(self, wait: float = 0.0) -> None:
         """Raise `WorkerDied` if a rank's actor has died (waiting up to `wait` seconds for each
