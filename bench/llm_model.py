@@ -45,8 +45,8 @@ def save_tokenizer(out: Path) -> None:
     """SmolLM2's tokenizer from the bundled GGUF, as a Hugging Face tokenizer directory."""
     from gguf import GGUFReader
 
-    from naiad.llm import gguf
-    from naiad.llm.tokenizer import Tokenizer
+    from naiad.llm.loading import gguf
+    from naiad.llm.loading.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(GGUFReader(gguf.smollm2_path()))
     tok.tokenizer.save(str(out / "tokenizer.json"))

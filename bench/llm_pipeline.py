@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from naiad.llm.engine import EngineConfig, LLMEngine
-from naiad.llm.sampling_params import GREEDY
+from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
+from naiad.llm.engine.sampling_params import GREEDY
 
 
 def build(path: Path, layers: int, hidden: int) -> Path:

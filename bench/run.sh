@@ -18,13 +18,21 @@ run .venv/bin/python bench/ensemble.py
 run .venv/bin/python bench/framework_backends.py
 # ONNX reduced precision (issue 11): MiniLM fp32 / fp16 / int8 variants in-process, throughput as a ratio to fp32, and size.
 run .venv/bin/python bench/onnx_precision.py
+# naiad bench (issue 27) vs perf_analyzer on identity, HTTP and gRPC, c=1/8/32, same run: throughput ratio and client CPU per request.
+run .venv/bin/python bench/loadgen.py
+# naiad tune (issue 27) on the MLP and MiniLM from their hand-tuned configs: throughput at the p99 objective, wall time.
+run .venv/bin/python bench/tune.py
 # Metrics and tracing: identity throughput with them off, then on (scraped every second).
 run .venv/bin/python bench/observability.py
+# Web console (issue 26): page weight and time to first chart in Chromium, identity c=32 with it open vs closed.
+run .venv/bin/python bench/console.py
 # LLM engine (issue 11): decode tokens/s and weight memory, fp32 / bf16, without and with INT8, one process and TP=2.
 run .venv/bin/python bench/llm_engine_step.py --dtypes fp32 bf16 --quantization none int8 --tensor-parallel 1 2 --streams 1 16
 # LLM serving (issue 6): naiad's "llm" backend vs vLLM-CPU and llama-server, 128+128 tokens at 1/16/64 streams.
 run bash bench/setup_llm_peers.sh
 run .venv/bin/python bench/llm.py
+# The bundled SmolLM2's own Q4_1 GGUF: naiad (quantization gguf) vs llama-server on the same file, 1 and 16 streams.
+run .venv/bin/python bench/llm.py --model smollm2-gguf --servers naiad llama --streams 1 16
 if ((${#failed[@]})); then
     printf 'failed: %s\n' "${failed[@]}" >&2
     exit 1

@@ -44,9 +44,27 @@ ensure_vllm() {
     "$VLLM_VENV/bin/python" -c 'import vllm'
 }
 
+# llama.cpp's CPU options for the machine running this, spelled out: GGML_NATIVE compiles for
+# whatever CPU ran the build (-march=native), and a build kept in .bench/ then dies with "Illegal
+# instruction" on a machine lacking one of its instructions. The options are recorded beside the
+# build, which is redone when they differ from this machine's.
+llama_cpu_options() {
+    local flags opts="-DGGML_NATIVE=OFF" pair
+    flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+    for pair in avx:GGML_AVX avx2:GGML_AVX2 fma:GGML_FMA f16c:GGML_F16C bmi2:GGML_BMI2 \
+                avx_vnni:GGML_AVX_VNNI avx512f:GGML_AVX512 avx512vbmi:GGML_AVX512_VBMI \
+                avx512_vnni:GGML_AVX512_VNNI avx512_bf16:GGML_AVX512_BF16 \
+                amx_tile:GGML_AMX_TILE amx_int8:GGML_AMX_INT8 amx_bf16:GGML_AMX_BF16; do
+        if [[ "$flags" == *" ${pair%%:*} "* ]]; then opts+=" -D${pair##*:}=ON"; else opts+=" -D${pair##*:}=OFF"; fi
+    done
+    echo "$opts"
+}
+
 ensure_llama_server() {
-    local dir
-    if dir="$(llama_dir)" && [ -x "$dir/build/bin/llama-server" ]; then return 0; fi
+    local dir options
+    options="$(llama_cpu_options)"
+    if dir="$(llama_dir)" && [ -x "$dir/build/bin/llama-server" ] \
+        && [ "$(cat "$dir/build/naiad-cpu-options" 2>/dev/null)" = "$options" ]; then return 0; fi
     if ! dir="$(llama_dir)"; then
         mkdir -p "$LLAMA_SRC"
         log "downloading the llama-cpp-python sdist into $LLAMA_SRC"
@@ -54,11 +72,14 @@ ensure_llama_server() {
         (cd "$LLAMA_SRC" && tar xzf "$(ls -t llama_cpp_python-*.tar.gz | head -1)") || return 1
         dir="$(llama_dir)" || return 1
     fi
-    log "building llama-server in $dir/build with -j$JOBS (10-35 minutes; log: $LOGS/llama-cpp-build.log)"
+    log "building llama-server in $dir/build with -j$JOBS for this CPU ($options; 10-35 minutes; log: $LOGS/llama-cpp-build.log)"
+    rm -rf "$dir/build"
+    # shellcheck disable=SC2086  # the options are words
     (cd "$dir" \
         && cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=ON \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $options \
         && cmake --build build --target llama-server -j"$JOBS") >"$LOGS/llama-cpp-build.log" 2>&1 || return 1
+    echo "$options" > "$dir/build/naiad-cpu-options"
     [ -x "$dir/build/bin/llama-server" ]
 }
 

@@ -1,0 +1,1 @@
+"""`naiad bench`: flags (`flags`), the sweep (`command`), LLM figures (`llm_command`), reports."""
