@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 
-def in_threads(*calls: Any) -> list[Any]:
+def in_threads(*calls: Any, stagger: float = 0.05) -> list[Any]:
     results: list[Any] = [None] * len(calls)
 
     def run(i: int, call: Any) -> None:
@@ -19,7 +19,7 @@ def in_threads(*calls: Any) -> list[Any]:
     threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
     for thread in threads:
         thread.start()
-        time.sleep(0.05)  # arrival order is part of what these tests check
+        time.sleep(stagger)  # arrival order is part of what these tests check
     for thread in threads:
         thread.join(30)
     return results

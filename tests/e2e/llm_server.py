@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from conftest import ServerProcess, running_server
+from conftest import STARTUP_TIMEOUT_S, ServerProcess, running_server
 
 MODEL = "smollm2"
 # Only what the backend needs: auto-complete fills the I/O and the decoupled policy.
@@ -33,7 +33,7 @@ def llm_server(repo: Path) -> Iterator[ServerProcess]:
         yield server
 
 
-def wait_model_ready(server: ServerProcess, timeout: float = 60) -> None:
+def wait_model_ready(server: ServerProcess, timeout: float = STARTUP_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -1,5 +1,6 @@
-"""Helpers for the scaling tests: Prometheus scrapes of a real server's /metrics and a tiny
-round-robin TCP proxy standing in for a Kubernetes Service in front of replicas."""
+"""Helpers for the scaling tests: Prometheus scrapes of a real server's /metrics (and a wait on
+its pending-request gauge) and a tiny round-robin TCP proxy standing in for a Kubernetes Service
+in front of replicas."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import threading
+import time
 import urllib.request
 from collections import Counter
 
@@ -32,6 +34,16 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of `name` over the series whose labels include `labels` (0 when there are none)."""
     return sum(value for series, value in samples.get(name, [])
                if all(series.get(key) == wanted for key, wanted in labels.items()))
+
+
+def wait_pending(metrics_port: int, model: str, count: int, timeout: float = 30.0) -> None:
+    """Wait until `model` has exactly `count` requests queued (nv_inference_pending_request_count):
+    the server's own word that they arrived, where a sleep would only guess. A bound on the
+    wait, never reached when things work."""
+    deadline = time.monotonic() + timeout
+    while (pending := total(scrape(metrics_port), "nv_inference_pending_request_count", model=model)) != count:
+        assert time.monotonic() < deadline, f"{model}: {pending:.0f} requests pending after {timeout} s, not {count}"
+        time.sleep(0.02)
 
 
 class RoundRobinProxy:

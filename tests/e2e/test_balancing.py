@@ -32,7 +32,7 @@ def _successes(server: Any) -> float:
 
 
 def _pair(tmp_path: Path, start_server: Any, *flags: str) -> list[Any]:
-    repo = _repo(tmp_path, 5)  # the identity model, 5 ms per request
+    repo = _repo(tmp_path, 5, instances=4)  # the identity model, 5 ms per request
     return [start_server(["--model-repository", str(repo), *flags]) for _ in range(2)]
 
 

@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 from e2e.concurrency import in_threads
 from e2e.raw_http import post_json
 from e2e.repo_builder import write_model
+from e2e.scaling_util import wait_pending
 
 MODEL = """
 name: "{name}"
@@ -28,12 +29,18 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 parameters {{ key: "execute_delay_ms" value {{ string_value: "{delay}" }} }}
 dynamic_batching {{ {batching} }}
 """
+# "preferred" waits up to half a minute for a preferred size: a batch that goes at once cannot be
+# mistaken for one that waited, and two requests sent apart still meet, however busy the machine.
+LONG_DELAY_S = 30
+# "cancel" holds its instance long enough for a second request to be sent, queue and be left.
+CANCEL_EXECUTE_MS = 1500
 MODELS = {
-    "preferred": ("0", "preferred_batch_size: [ 2, 6 ] max_queue_delay_microseconds: 600000"),
+    "preferred": ("0", f"preferred_batch_size: [ 2, 6 ] max_queue_delay_microseconds: {LONG_DELAY_S * 10**6}"),
+    "lone": ("0", "preferred_batch_size: [ 2, 6 ] max_queue_delay_microseconds: 600000"),
     "overflow": ("400", "default_queue_policy { max_queue_size: 1 }"),
     "timeout": ("400", "default_queue_policy { default_timeout_microseconds: 100000 }"),
     "override": ("400", "default_queue_policy { allow_timeout_override: true }"),
-    "cancel": ("400", ""),
+    "cancel": (str(CANCEL_EXECUTE_MS), ""),
 }
 
 
@@ -68,16 +75,16 @@ def test_preferred_sizes_go_at_once_and_two_single_requests_form_one_batch(serve
     start = time.monotonic()
     _infer(server.url, "preferred", 2)
     _infer(server.url, "preferred", 6)
-    assert time.monotonic() - start < 0.5  # neither waited for the 0.6 s queue delay
+    assert time.monotonic() - start < LONG_DELAY_S  # neither waited for the queue delay
     in_threads(lambda: _infer(server.url, "preferred", 1), lambda: _infer(server.url, "preferred", 1))
     assert _batches(server.url, "preferred") == {2: 2, 6: 1}
 
 
 def test_a_lone_request_waits_the_whole_queue_delay(server: Any) -> None:
     start = time.monotonic()
-    _infer(server.url, "preferred", 1)
+    _infer(server.url, "lone", 1)
     assert time.monotonic() - start >= 0.6
-    assert _batches(server.url, "preferred")[1] == 1
+    assert _batches(server.url, "lone") == {1: 1}
 
 
 def test_queue_overflow_rejects_exactly_the_overflowing_request(server: Any) -> None:
@@ -88,21 +95,27 @@ def test_queue_overflow_rejects_exactly_the_overflowing_request(server: Any) -> 
     assert errors[0].status() == "503" and "Exceeds maximum queue size" in errors[0].message()
 
 
+def _one_ran_one_timed_out(results: list[Any]) -> None:
+    """One request ran; the other, queued behind its 400 ms execution, expired after 100 ms
+    (whichever of the two the server happened to receive first)."""
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert len(errors) == 1, results
+    assert isinstance(errors[0], InferenceServerException), results
+    assert errors[0].status() == "503" and "Request timeout expired" in errors[0].message()
+
+
 def test_a_request_past_its_queue_timeout_is_rejected(server: Any) -> None:
-    results = in_threads(lambda: _infer(server.url, "timeout", 8), lambda: _infer(server.url, "timeout", 8))
-    assert not isinstance(results[0], Exception)
-    assert isinstance(results[1], InferenceServerException), results
-    assert results[1].status() == "503" and "Request timeout expired" in results[1].message()
+    _one_ran_one_timed_out(in_threads(lambda: _infer(server.url, "timeout", 8),
+                                      lambda: _infer(server.url, "timeout", 8)))
     with httpclient.InferenceServerClient(server.url) as client:
         stats = client.get_inference_statistics("timeout")["model_stats"][0]["inference_stats"]
     assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 1
 
 
 def test_request_timeout_parameter_applies_when_the_policy_allows_it(server: Any) -> None:
-    results = in_threads(lambda: _infer(server.url, "override", 8),
-                          lambda: _infer(server.url, "override", 8, timeout=100_000))
-    assert isinstance(results[1], InferenceServerException), results
-    assert "Request timeout expired" in results[1].message()
+    # The policy sets no timeout: only the requests' own `timeout` can expire the queued one.
+    _one_ran_one_timed_out(in_threads(lambda: _infer(server.url, "override", 8, timeout=100_000),
+                                      lambda: _infer(server.url, "override", 8, timeout=100_000)))
 
 
 def test_priority_must_be_an_unsigned_integer(server: Any) -> None:
@@ -145,9 +158,11 @@ def test_a_client_that_disconnects_takes_its_queued_request_out_of_the_queue(ser
     def send_and_leave() -> None:
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(request)
-            time.sleep(0.1)  # queued behind the running request by now
+            wait_pending(server.metrics_port, "cancel", 1)  # queued behind the running request
 
-    results = in_threads(lambda: _infer(server.url, "cancel", 8), send_and_leave)
+    # The running request is sent 0.3 s ahead (some 10x a request's arrival on a busy machine) and
+    # holds the instance for 1.5 s, so the one left behind queues while it runs.
+    results = in_threads(lambda: _infer(server.url, "cancel", 8), send_and_leave, stagger=0.3)
     assert not isinstance(results[0], Exception), results
     _infer(server.url, "cancel", 8)  # queued after anything still waiting, so it finishes last
     with httpclient.InferenceServerClient(server.url) as client:

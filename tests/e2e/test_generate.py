@@ -24,6 +24,7 @@ from onnx import TensorProto
 from e2e.infer_models import REPEAT_CONFIG
 from e2e.raw_http import Answer, http, post
 from e2e.repo_builder import write_model
+from e2e.scaling_util import wait_pending
 
 pytestmark = pytest.mark.e2e
 
@@ -129,7 +130,9 @@ class Events:
         self.ended_at = 0.0
 
 
-async def _read_stream(url: str, model: str, document: Any, leave_after: int | None = None) -> Events:
+async def _read_stream(url: str, model: str, document: Any, leave_after: int | None = None,
+                       first_event: asyncio.Event | None = None) -> Events:
+    """The events of one generate_stream; `first_event` is set when the first one arrives."""
     async with aiohttp.ClientSession() as session, session.post(
         f"http://{url}/v2/models/{model}/generate_stream", data=json.dumps(document),
         headers={"Accept": "text/event-stream"},
@@ -138,6 +141,8 @@ async def _read_stream(url: str, model: str, document: Any, leave_after: int | N
         while frame := await response.content.readuntil(b"\n\n"):
             assert frame.startswith(b"data: ") and frame.endswith(b"\n\n"), frame
             events.events.append((time.monotonic(), json.loads(frame[6:])))
+            if first_event is not None:
+                first_event.set()
             if leave_after is not None and len(events.events) == leave_after:
                 return events  # closing the session drops the connection mid-stream
         events.ended_at = time.monotonic()
@@ -292,13 +297,15 @@ def test_a_client_that_leaves_takes_its_queued_request_out_of_the_queue(server: 
     host, port = server.url.rsplit(":", 1)
 
     async def main() -> Events:
-        # The first stream holds the only instance for a second; the second waits behind it, and
-        # its client leaves.
-        running = asyncio.create_task(_read_stream(server.url, REPEAT, {"IN": [1, 2], "DELAY": [0, 1000]}))
-        await asyncio.sleep(0.3)
+        # The first stream holds the only instance for 1.5 s (its first event says it runs); the
+        # second waits behind it, and its client leaves.
+        first = asyncio.Event()
+        running = asyncio.create_task(
+            _read_stream(server.url, REPEAT, {"IN": [1, 2], "DELAY": [0, 1500]}, first_event=first))
+        await asyncio.wait_for(first.wait(), 30)
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(request)
-            await asyncio.sleep(0.2)  # read and queued by now
+            await asyncio.to_thread(wait_pending, server.metrics_port, REPEAT, 1)  # queued behind it
         return await running
 
     events = asyncio.run(main())

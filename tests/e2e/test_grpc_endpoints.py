@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from e2e.infer_models import DATATYPES, identity_name
 from e2e.infer_models import infer_server as infer_server  # the fixture
+from e2e.triton_observed import SERVER_EXTENSIONS
 
 pytestmark = pytest.mark.e2e
 
@@ -72,8 +73,8 @@ def test_model_ready_with_versions(client: Any) -> None:
 def test_server_metadata(client: Any) -> None:
     metadata = client.get_server_metadata(as_json=True)
     assert metadata["name"] == "triton" and metadata["version"]
-    assert {"classification", "model_repository", "model_configuration", "statistics", "logging",
-            "system_shared_memory"} <= set(metadata["extensions"])
+    assert metadata["extensions"] == SERVER_EXTENSIONS  # Triton's list, in its order
+    assert list(client.get_server_metadata().extensions) == SERVER_EXTENSIONS
 
 
 def test_model_metadata(client: Any) -> None:

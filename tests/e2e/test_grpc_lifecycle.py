@@ -88,3 +88,32 @@ def test_deadlines_and_cancelled_streams_leave_the_server_serving(tmp_path: Path
         client.stop_stream(cancel_requests=True)  # the client goes away mid-request
         assert _slow(client, 1000) < 30  # and the server still answers
         assert client.get_inference_statistics("slow").model_stats[0].inference_count >= 2
+
+
+
+def test_a_unary_call_that_ends_while_queued_is_never_executed(tmp_path: Path, start_server: Any) -> None:
+    """A ModelInfer whose deadline passes while it waits in the queue is dropped, not run for
+    nobody (naiad answers unary calls without a task: the call's end must still reach its
+    queued request)."""
+    from e2e.scaling_util import wait_pending
+
+    repo = tmp_path / "slow"
+    write_model(repo, "slow", SLOW_CONFIG, {1: slow})
+    server = start_server(["--model-repository", str(repo)])
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        trips = max(1000, int(1000 * 2.0 / max(_slow(client, 1000), 1e-3)))  # about 2 s of compute
+        long = grpcclient.InferInput("N", [1], "INT64").set_data_from_numpy(np.array([trips], np.int64))
+        before = client.get_inference_statistics("slow").model_stats[0].inference_count
+        busy = [threading.Thread(target=client.infer, args=("slow", [long]), kwargs={"client_timeout": 120})
+                for _ in range(2)]
+        for thread in busy:
+            thread.start()
+        wait_pending(server.metrics_port, "slow", 1)  # one runs on the one instance, one waits
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("slow", [long], client_timeout=0.3)  # waits behind both
+        assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        _slow(client, 1000)  # queued after all of them on the one instance: it answers once they are done
+        for thread in busy:
+            thread.join(120)
+        # the two long ones and the last; the expired one never ran
+        assert client.get_inference_statistics("slow").model_stats[0].inference_count == before + 3

@@ -408,8 +408,18 @@ def test_pipelined_requests_are_answered_in_order(infer_server: Any) -> None:
                      % len(document) + document)
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(requests)
-        answers = [json.loads(_read_response(sock)[1]) for _ in range(4)]
+        stream = sock.makefile("rb")  # the answers may come in one read: keep what follows each
+        answers = [json.loads(_read_buffered_response(stream)) for _ in range(4)]
     assert [(a["id"], a["outputs"][0]["data"]) for a in answers] == [(str(k), [float(k)]) for k in range(4)]
+
+
+def _read_buffered_response(stream: Any) -> bytes:
+    """The body of the next HTTP response (with a content-length) on a buffered reader."""
+    length = 0
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return stream.read(length)
 
 
 def test_expect_100_continue_is_answered(infer_server: Any) -> None:

@@ -23,6 +23,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from conftest import ROOT, free_ports
 
+from e2e.scaling_util import wait_pending
 from e2e.test_shutdown import VALUES, _grpc_infer, _http_infer, _repo
 from naiad.cli import build_parser, build_tritonserver_parser, options_from_args
 
@@ -57,6 +58,7 @@ class Runtime:
     def __init__(self, repo: Path, log_path: Path, extra: list[str]) -> None:
         http_port, grpc_port, metrics_port = free_ports(3)
         self.url, self.grpc_url = f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+        self.metrics_port = metrics_port
         args = [arg.replace("/mnt/models", str(repo)).replace("=9000", f"={grpc_port}")
                 .replace("=8080", f"={http_port}") for arg in KSERVE_ARGS]
         self.log_path = log_path
@@ -105,10 +107,24 @@ class Runtime:
         self._log.close()
 
 
+def _wait_refused(runtime: Runtime, timeout: float = 10.0) -> None:
+    """Until the listener refuses new connections (the signal takes a moment to land)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            runtime.ready_status()
+        except ConnectionRefusedError:
+            return
+        except ConnectionResetError:
+            pass  # it reached the backlog as the listener closed: the next try is refused
+        assert time.monotonic() < deadline, f"new connections still accepted {timeout} s after SIGTERM"
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[Runtime]:
     """The delayed identity model (2 s per request, 4 instances) behind KServe's args."""
-    server = Runtime(_repo(tmp_path, 2000), tmp_path / "tritonserver.log", ["--exit-timeout-secs=30"])
+    server = Runtime(_repo(tmp_path, 2000, instances=4), tmp_path / "tritonserver.log", ["--exit-timeout-secs=30"])
     try:
         server.wait_ready()
         yield server
@@ -134,16 +150,14 @@ def test_sigterm_turns_unready_before_draining_and_no_in_flight_request_fails(ru
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(_http_infer, runtime.url) for _ in range(4)]
         futures += [pool.submit(_grpc_infer, runtime.grpc_url) for _ in range(4)]
-        time.sleep(0.5)  # let them all reach the server
+        wait_pending(runtime.metrics_port, "delayed", 4)  # all eight reached the server
         assert not any(f.done() for f in futures)
         runtime.process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
         # Not ready while requests are still draining: the kubelet's probe (a new connection)
         # is refused, an open connection hears 400 (Triton's "not ready"), gRPC's ServerReady
         # says false.
+        _wait_refused(runtime)
         draining = [f for f in futures if not f.done()]
-        with pytest.raises(ConnectionRefusedError):
-            runtime.ready_status()
         assert runtime.ready_status(kept) == 400
         assert not grpc_probe.is_server_ready()
         assert draining and not all(f.done() for f in draining)

@@ -16,8 +16,8 @@ from gguf import GGUFReader
 
 from e2e.llm_server import MODEL, QUESTION, llm_server
 from e2e.raw_http import Answer, http, post
-from naiad.llm.gguf import smollm2_path
-from naiad.llm.tokenizer import Tokenizer
+from naiad.llm.loading.gguf import smollm2_path
+from naiad.llm.loading.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.e2e
 
@@ -132,9 +132,9 @@ def _failures(server: ServerProcess) -> int:
 
 
 def test_a_client_that_leaves_aborts_its_sequence(server: ServerProcess, prompt: str) -> None:
-    """The request ends (a failure in the statistics) soon after its client leaves, long before
-    its 1,000 tokens would have been generated."""
-    before = _failures(server)
+    """The request ends (a failure in the statistics) once its client leaves, long before its
+    1,000 tokens: told by the tokens the engine generated, not by how long it took."""
+    before, generated_before = _failures(server), _llm_metrics(server)["nv_llm_generation_tokens"]
     body = json.dumps({"text_input": prompt, "max_tokens": 1000, "ignore_eos": True, "stream": True}).encode()
     request = (b"POST /v2/models/%s/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
                % (MODEL.encode(), len(body), body))
@@ -146,10 +146,12 @@ def test_a_client_that_leaves_aborts_its_sequence(server: ServerProcess, prompt:
             chunk = sock.recv(65536)
             assert chunk, received
             received += chunk
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a bound on the wait, never reached when things work
     while _failures(server) == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _failures(server) == before + 1
+    generated = _llm_metrics(server)["nv_llm_generation_tokens"] - generated_before
+    assert generated < 1000 / 2, f"{generated:.0f} of the 1,000 tokens were generated for a client that left"
 
 
 def test_finish_reason_and_token_counts_only_when_asked(server: ServerProcess, prompt: str) -> None:
@@ -222,3 +224,14 @@ def test_llm_metrics_follow_a_generation(server: ServerProcess, prompt: str) -> 
     assert 0 <= after["nv_llm_prefix_cache_hit_rate"] <= 1
     assert after["nv_llm_preemptions"] == 0
     assert delta("nv_inference_request_success") == 1  # the core's own counters cover the llm model too
+
+
+def test_statistics_measure_the_hand_over_to_the_engine(server: ServerProcess, prompt: str) -> None:
+    """The llm backend's execution is parsing and tokenizing the prompt (compute_input) and
+    handing it to the engine core (compute_infer); the tokens stream back afterwards."""
+    answer = _generate(server, "generate", {"text_input": prompt, "max_tokens": 4, "temperature": 0})
+    assert answer.status == 200, answer.body
+    stats = http(server.url, f"/v2/models/{MODEL}/stats").json()["model_stats"][0]["inference_stats"]
+    assert stats["success"]["count"] >= 1
+    for phase in ("queue", "compute_input", "compute_infer"):
+        assert stats[phase]["count"] == stats["success"]["count"] and stats[phase]["ns"] > 0, phase

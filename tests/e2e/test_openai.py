@@ -11,18 +11,25 @@ from typing import Any
 
 import openai
 import pytest
+from conftest import ServerProcess
 from gguf import GGUFReader
 
 from e2e.llm_server import MODEL, QUESTION, llm_server
-from naiad.llm.gguf import smollm2_path
-from naiad.llm.tokenizer import Tokenizer
+from e2e.scaling_util import scrape, total
+from naiad.llm.loading.gguf import smollm2_path
+from naiad.llm.loading.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    with llm_server(tmp_path_factory.mktemp("openai-repo")) as server:
-        yield openai.OpenAI(base_url=f"http://{server.url}/v1", api_key="unused", timeout=60, max_retries=0)
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with llm_server(tmp_path_factory.mktemp("openai-repo")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://{server.url}/v1", api_key="unused", timeout=60, max_retries=0)
 
 
 def _ask(client: openai.OpenAI, stream: bool) -> Any:
@@ -207,9 +214,9 @@ def test_penalties_change_a_repetitive_answer(client: openai.OpenAI) -> None:
         assert penalized.count("-to-many") < 3, penalized
 
 
-def test_a_client_leaving_a_stream_of_two_choices_aborts_both(client: openai.OpenAI) -> None:
-    """Both choices' requests end (failures in the statistics) soon after the client leaves,
-    long before their 1,000 tokens."""
+def test_a_client_leaving_a_stream_of_two_choices_aborts_both(client: openai.OpenAI, server: ServerProcess) -> None:
+    """Both choices' requests end (failures in the statistics) once the client leaves, long
+    before their 1,000 tokens: told by the tokens the engine generated, not by how long it took."""
     stats_url = str(client.base_url).replace("/v1/", f"/v2/models/{MODEL}/stats")
 
     def failures() -> int:
@@ -217,12 +224,34 @@ def test_a_client_leaving_a_stream_of_two_choices_aborts_both(client: openai.Ope
             stats = json.loads(answer.read())["model_stats"][0]
         return int(stats["inference_stats"]["fail"]["count"])
 
-    before = failures()
+    def generated() -> float:
+        return total(scrape(server.metrics_port), "nv_llm_generation_tokens", model=MODEL)
+
+    before, generated_before = failures(), generated()
     stream = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=1000, n=2, stream=True,
                                        extra_body={"ignore_eos": True})
     next(iter(stream))  # generation has begun
     stream.close()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a bound on the wait, never reached when things work
     while failures() < before + 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert failures() == before + 2
+    tokens = generated() - generated_before
+    assert tokens < 2000 / 2, f"{tokens:.0f} of the 2 x 1,000 tokens were generated for a client that left"
+
+
+def test_content_as_text_parts_answers_as_the_same_text(client: openai.OpenAI) -> None:
+    """Clients built for multimodal models send content as parts: text parts are that text."""
+    as_text = _ask(client, stream=False).choices[0].message.content
+    parts = [{**message, "content": [{"type": "text", "text": message["content"]}]} for message in QUESTION]
+    as_parts = client.chat.completions.create(model=MODEL, messages=parts, temperature=0, max_tokens=20)
+    assert as_parts.choices[0].message.content == as_text
+
+
+def test_a_batch_of_prompts_answers_each_in_order(client: openai.OpenAI) -> None:
+    prompts = ["The capital of France is", "Two plus two equals"]
+    alone = [client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=5) for p in prompts]
+    batch = client.completions.create(model=MODEL, prompt=prompts, temperature=0, max_tokens=5, n=2)
+    assert [choice.index for choice in batch.choices] == [0, 1, 2, 3]
+    assert [choice.text for choice in batch.choices] == [alone[0].choices[0].text] * 2 + [alone[1].choices[0].text] * 2
+    assert batch.usage.prompt_tokens == sum(single.usage.prompt_tokens for single in alone)

@@ -110,7 +110,7 @@ def _stream_answers(server: ServerProcess, model: str, inputs: list[Any], count:
 
 def test_decoupled_model_streams_each_response_as_it_is_sent(server: ServerProcess) -> None:
     values = np.array([10, 20, 30], dtype=np.int32)
-    delays = np.array([0, 300, 300], dtype=np.uint32)
+    delays = np.array([0, 1000, 1000], dtype=np.uint32)  # 1 s apart: far beyond a delivery's jitter
     inputs = [tensor("grpc", "IN", values, "INT32"), tensor("grpc", "DELAY", delays, "UINT32")]
     answers = _stream_answers(server, "repeat_py", inputs, 4)
     outputs = [(int(r.as_numpy("OUT")[0]), int(r.as_numpy("IDX")[0])) for r, _ in answers[:3]]
@@ -176,6 +176,18 @@ def test_bls_streams_from_a_decoupled_model(server: ServerProcess) -> None:
 def test_bls_error_reaches_the_caller(server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException, match="Request for unknown model: 'no_such_model' is not found"):
         _bls(server, "no_such_model")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bls_with_the_model_name_as_bytes_from_a_string_tensor(server: ServerProcess, protocol: str) -> None:
+    """Triton's examples/bls/sync_model.py: `model_name=` is the bytes element of a BYTES input."""
+    a = np.array([1.5, 2, 3, 4], dtype=np.float32)
+    b = np.array([0.5, 1, -1, 10], dtype=np.float32)
+    inputs = [tensor(protocol, "MODEL_NAME", np.array([b"add_sub"], dtype=np.object_), "BYTES"),
+              tensor(protocol, "INPUT0", a, "FP32"), tensor(protocol, "INPUT1", b, "FP32")]
+    result = client(server, protocol).infer("bls_sync", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -21,6 +21,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from e2e.repo_builder import write_model
+from e2e.scaling_util import wait_pending
 
 DELAYED = """
 name: "delayed"
@@ -28,15 +29,15 @@ backend: "identity"
 max_batch_size: 0
 input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-instance_group [ {{ count: 4 kind: KIND_CPU }} ]
+instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 parameters {{ key: "execute_delay_ms" value {{ string_value: "{delay}" }} }}
 """
 VALUES = np.arange(4, dtype=np.float32)
 
 
-def _repo(tmp_path: Path, delay_ms: int) -> Path:
+def _repo(tmp_path: Path, delay_ms: int, instances: int = 2) -> Path:
     repo = tmp_path / "repo"
-    write_model(repo, "delayed", DELAYED.format(delay=delay_ms), {1: lambda path: None})
+    write_model(repo, "delayed", DELAYED.format(delay=delay_ms, instances=instances), {1: lambda path: None})
     return repo
 
 
@@ -58,10 +59,11 @@ def _grpc_infer(url: str) -> np.ndarray:
 
 
 def _in_flight(pool: ThreadPoolExecutor, server: Any) -> list[Future[np.ndarray]]:
-    """Two HTTP and two gRPC requests, started and given time to reach the model."""
+    """Two HTTP and two gRPC requests on the model's two instances: once two of them are queued,
+    the server has all four (two run, two wait their turn)."""
     futures = [pool.submit(_http_infer, server.url), pool.submit(_http_infer, server.url),
                pool.submit(_grpc_infer, server.grpc_url), pool.submit(_grpc_infer, server.grpc_url)]
-    time.sleep(0.5)
+    wait_pending(server.metrics_port, "delayed", 2)
     assert not any(f.done() for f in futures), [f.result() for f in futures if f.done()]
     return futures
 
@@ -72,7 +74,19 @@ def _refused(url: str) -> bool:
         socket.create_connection((host, int(port)), timeout=2).close()
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:
+        return False  # it reached the backlog as the listener closed: the next try is refused
     return False
+
+
+def _refused_soon(url: str, timeout: float = 10.0) -> bool:
+    """Whether new connections are refused within `timeout` (the signal takes a moment to land)."""
+    deadline = time.monotonic() + timeout
+    while not _refused(url):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def test_sigterm_completes_in_flight_requests_refuses_new_connections_and_exits_zero(
@@ -87,8 +101,7 @@ def test_sigterm_completes_in_flight_requests_refuses_new_connections_and_exits_
         futures = _in_flight(pool, server)
         signalled = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        assert _refused(server.url)  # while the four drain
+        assert _refused_soon(server.url)  # while the four drain
         body = b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[0,1,2,3]}]}'
         kept.request("POST", "/v2/models/delayed/infer", body)
         answer = kept.getresponse()

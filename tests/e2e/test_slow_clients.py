@@ -71,14 +71,20 @@ def _http_infer(url: str) -> Any:
 
 def test_slowloris_connections_do_not_stop_normal_clients_and_are_closed(server: ServerProcess) -> None:
     request = b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: naiad\r\nX-Slow: "
-    slow = [_connect(server.url) for _ in range(SLOW_CONNECTIONS)]
     started = time.monotonic()
+    slow = [_connect(server.url) for _ in range(SLOW_CONNECTIONS)]
+    rounds = 0
     try:
-        # Dribble the headers a byte at a time, the slowloris way, serving a normal client between.
+        # Dribble the headers a byte at a time, the slowloris way, serving a normal client between;
+        # only in the first half of the read timeout, so that no byte is sent to a connection the
+        # server may already have closed, however slowly the rounds go on a busy machine.
         for i in range(5):
+            if time.monotonic() - started >= READ_TIMEOUT / 2:
+                break
             for sock in slow:
                 sock.sendall(request[i:i + 1])
             np.testing.assert_array_equal(_http_infer(server.url), np.arange(4, dtype=np.float32))
+            rounds += 1
             time.sleep(0.1)
         answers = [_read_until_closed(sock, READ_TIMEOUT + 5) for sock in slow]
     finally:
@@ -86,6 +92,7 @@ def test_slowloris_connections_do_not_stop_normal_clients_and_are_closed(server:
             sock.close()
     assert all(answer.startswith(b"HTTP/1.1 408 ") and answer.endswith(b"<closed>") for answer in answers), answers[0]
     assert b"(--http-read-timeout-secs)" in answers[0]
+    assert rounds >= 1, "opening the slow connections took half the read timeout"
     assert time.monotonic() - started < READ_TIMEOUT + 6
     np.testing.assert_array_equal(_http_infer(server.url), np.arange(4, dtype=np.float32))
 
@@ -216,7 +223,10 @@ def test_grpc_connections_that_never_finish_a_frame_are_closed(server: ServerPro
     sock = _connect(server.grpc_url)
     try:
         sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings)
+        begun = time.monotonic()
         for byte in b"\x00\x00\x10\x00":  # the start of a 16-byte DATA frame's head, then nothing
+            if time.monotonic() - begun >= READ_TIMEOUT / 2:  # never into a connection cut off already
+                break
             sock.sendall(bytes([byte]))
             time.sleep(0.1)
         answer = _read_until_closed(sock, READ_TIMEOUT + 5)
