@@ -43,6 +43,22 @@ def _non_negative(text: str) -> int:
     return value
 
 
+_BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _byte_size(text: str) -> int:
+    """BYTES, or with a binary unit: 512M, 8G, 8Gi (k/m/g/t, optional i and B)."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    number, unit = (value[:-1], value[-1]) if value and value[-1] in _BYTE_UNITS else (value, "")
+    try:
+        size = int(float(number) * _BYTE_UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: '{text}' (e.g. 536870912, 512M, 8G)") from None
+    if size < 0:
+        raise argparse.ArgumentTypeError(f"a size in bytes cannot be negative: '{text}'")
+    return size
+
+
 def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
     parser.add_argument(flag, type=_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help)
 
@@ -69,6 +85,11 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     _add_bool(p, "--exit-on-error", True, "exit when a model fails to load at start")
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
     p.add_argument("--model-load-thread-count", type=int, default=4)
+    _add_bool(p, "--model-load-on-demand", False,
+              "naiad: a request for a repository model that is not loaded loads it and waits (docs/residency.md)")
+    p.add_argument("--model-memory-budget", type=_byte_size, default=0, metavar="BYTES",
+                   help="naiad: host memory resident models may take (e.g. 8G); least recently used idle "
+                        "models are unloaded to make room. Implies --model-load-on-demand (0: no budget)")
     p.add_argument("--backend-config", action="append", default=[], help="<backend>,<key>=<value>")
     _add_bool(p, "--allow-http", True, "serve HTTP")
     p.add_argument("--http-address", default="0.0.0.0")
@@ -306,6 +327,8 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
         model_load_thread_count=args.model_load_thread_count,
+        model_load_on_demand=args.model_load_on_demand or args.model_memory_budget > 0,
+        model_memory_budget=args.model_memory_budget,
         default_max_batch_size=int(default_mbs),
         allow_http=args.allow_http,
         http_address=args.http_address,

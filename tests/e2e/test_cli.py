@@ -96,6 +96,20 @@ def test_repository_poll_secs_requires_poll_mode(capsys: pytest.CaptureFixture[s
     assert _options("--model-control-mode=poll", "--repository-poll-secs=1").repository_poll_secs == 1
 
 
+@pytest.mark.parametrize(("value", "expected"), [("0", 0), ("1048576", 1 << 20), ("512M", 512 << 20),
+                                                 ("8G", 8 << 30), ("8Gi", 8 << 30), ("1.5gb", 3 << 29)])
+def test_a_memory_budget_takes_units_and_turns_on_demand_loading_on(value: str, expected: int) -> None:
+    options = _options(f"--model-memory-budget={value}")
+    assert options.model_memory_budget == expected
+    assert options.model_load_on_demand is (expected > 0)
+    assert _options("--model-load-on-demand").model_load_on_demand and not _options().model_load_on_demand
+
+
+@pytest.mark.parametrize("value", ["lots", "-1G", "8X"])
+def test_a_bad_memory_budget_is_an_error(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    assert "--model-memory-budget" in _parse_error(capsys, f"--model-memory-budget={value}")
+
+
 def test_load_model_star_and_poll_secs() -> None:
     assert _options("--model-control-mode=explicit", "--load-model=*").load_models == ("*",)
 

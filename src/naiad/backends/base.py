@@ -267,6 +267,11 @@ class ModelInstance(ABC):
         labels); read at scrape time, from another thread, so must not block."""
         return []
 
+    def host_bytes_reserved(self) -> int:
+        """Host memory the instance holds whether or not its pages were touched yet (an LLM's
+        KV cache on the CPU): a memory budget counts at least this much for it."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds."""
 

@@ -311,6 +311,7 @@ class LLMInstance(ModelInstance):
         except RuntimeError as error:
             raise InvalidArgument(f"model '{model_name}': {error}") from None
         self.max_model_len = self.engine.info.max_model_len  # a restarted core has the same config
+        self._kv_on_host = not str(config.device).startswith("cuda")
 
     def submit(self, batch: Batch, sender: BatchSender) -> bool:
         """Validate each request and hand it to the engine core; there is always room (the
@@ -350,6 +351,10 @@ class LLMInstance(ModelInstance):
     def not_ready_reason(self) -> str:
         """Why the instance does not serve now ("" when it does): for the repository index."""
         return self.engine.not_ready_reason()
+
+    def host_bytes_reserved(self) -> int:
+        """The KV cache, when it lives in host memory (zeroed pages count once written)."""
+        return self.engine.info.kv_cache_bytes if self._kv_on_host else 0
 
     def metrics(self) -> list[MetricRow]:
         self.metrics_state.engine_restarts = self.engine.restarts

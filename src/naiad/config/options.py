@@ -81,6 +81,11 @@ class ServerOptions:
     exit_on_error: bool = True
     exit_timeout_secs: float = 30.0
     model_load_thread_count: int = 4
+    # naiad's own (core.residency): a request for a repository model that is not loaded loads it
+    model_load_on_demand: bool = False
+    # naiad's own: host bytes resident models may take; least recently used idle ones are
+    # evicted to make room (0: no budget)
+    model_memory_budget: int = 0
     default_max_batch_size: int = 4
     allow_http: bool = True
     http_address: str = "0.0.0.0"

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from naiad.scheduling.timers import Timers
 log = logging.getLogger(__name__)
 
 DUPLICATE_REASON = "model appears in two or more repositories"
+EVICTED_REASON = "evicted"  # unloaded to keep within --model-memory-budget (core.residency)
 RELOAD_DRAIN_SECS = 30.0
 
 
@@ -85,6 +87,8 @@ class ModelManager:
         self._records: dict[str, ModelRecord] = {}
         self.router = Router()  # what serves: the lifecycle publishes to it, requests read it
         self._model_locks: dict[str, threading.Lock] = {}
+        self.on_demand = options.model_load_on_demand  # models load when asked for, not when found
+        self.on_unloaded: Callable[[str], None] | None = None  # told of unloads other than evictions
         self._locks_lock = threading.Lock()
 
     # -- what serves (the Router holds it; these are conveniences for the server) -----------
@@ -295,7 +299,27 @@ class ModelManager:
             return []
         return sorted({step.model_name for step in config.ensemble_scheduling.step})
 
-    def _unload(self, name: str, timeout: float, prune: bool = True) -> None:
+    def evict(self, name: str) -> None:
+        """Unload `name` to make room (core.residency): the index then says "evicted"."""
+        self._unload(name, RELOAD_DRAIN_SECS, reason=EVICTED_REASON)
+
+    def serving(self, name: str) -> list[LoadedVersion]:
+        """Every version of `name` that serves (none when it does not)."""
+        record = self._records.get(name)
+        return list(record.serving.values()) if record is not None else []
+
+    def serving_names(self) -> list[str]:
+        return [name for name, record in list(self._records.items()) if record.serving]
+
+    def in_repository(self, name: str) -> bool:
+        return name in self.discover().models
+
+    def source_path(self, name: str) -> Path | None:
+        """Where the repository keeps `name` locally (a remote model's cache), if it has it."""
+        source = self.discover().models.get(name)
+        return source.path if source is not None and source.path.exists() else None
+
+    def _unload(self, name: str, timeout: float, prune: bool = True, reason: str = "unloaded") -> None:
         """`prune`: also drop a remote model's cache (kept at shutdown, so a restart reuses it)."""
         with self._model_lock(name):
             record = self._records.get(name)
@@ -307,14 +331,16 @@ class ModelManager:
                 record.status[version] = VersionStatus("UNLOADING")
             for version, loaded in list(record.serving.items()):
                 loaded.stop(timeout)
-                record.status[version] = VersionStatus("UNAVAILABLE", "unloaded")
+                record.status[version] = VersionStatus("UNAVAILABLE", reason)
             record.serving = {}
             if record.files_dir is not None:
                 shutil.rmtree(record.files_dir, ignore_errors=True)
                 record.files_dir = None
             if prune:
                 self._prune(record)
-            log.info("successfully unloaded '%s'", name)
+            log.info("successfully unloaded '%s'%s", name, " (evicted)" if reason == EVICTED_REASON else "")
+        if reason != EVICTED_REASON and self.on_unloaded is not None:
+            self.on_unloaded(name)
 
     def relabel(self, name: str, labels: str | None, split: str | None) -> VersionLabels:
         """Change a serving model's labels and/or split (None keeps one as it is, "" removes it)
@@ -363,6 +389,8 @@ class ModelManager:
             record = self._records.get(name)
             if record is not None and record.files_dir is not None:
                 continue
+            if self.on_demand and (record is None or not record.serving):
+                continue  # loaded when a request asks for it (core.residency), not by the poll
             if record is None or record.attempted != self.repositories.stamp(source):
                 try:
                     self.load(name, found=found)
@@ -418,7 +446,8 @@ class ModelManager:
     def all_ready(self) -> bool:
         """Strict readiness: every model the server tried to load serves."""
         return all(
-            not record.error and all(s.state == "READY" or s.reason == "unloaded" for s in record.status.values())
+            not record.error and all(s.state == "READY" or s.reason in ("unloaded", EVICTED_REASON)
+                                     for s in record.status.values())
             for record in self._records.values()
         )
 

@@ -198,6 +198,14 @@ class LoadedVersion:
     def pending(self) -> int:
         return self._scheduler.pending() if self._scheduler else 0
 
+    def host_bytes_reserved(self) -> int:
+        """What the instances hold in host memory, touched or not (an LLM's KV cache)."""
+        return sum(instance.host_bytes_reserved() for instance in self._instances)
+
+    def busy(self) -> bool:
+        """Requests are in flight or queued (an idle version may be evicted)."""
+        return self._inflight > 0 or self.pending() > 0
+
     def stop(self, timeout: float | None = None) -> None:
         """Wait for in-flight requests (up to `timeout` seconds), then release everything."""
         with self._count_lock:

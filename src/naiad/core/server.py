@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -16,9 +19,10 @@ from naiad.config.options import ServerOptions
 from naiad.core.labels import LABELS_PARAMETER, REQUEST_PARAMETER, SPLIT_PARAMETER, VersionLabels, label_change
 from naiad.core.lifecycle import ModelManager
 from naiad.core.model import LoadedVersion
+from naiad.core.residency import Residency, WaitingJob
 from naiad.core.shared_memory import Region as Region  # re-exported: frontends reach the core here
 from naiad.core.shared_memory import SharedMemoryRegistry
-from naiad.errors import InvalidArgument, NaiadError, NotFound, Unavailable, Unsupported
+from naiad.errors import Cancelled, InvalidArgument, NaiadError, NotFound, Unavailable, Unsupported
 from naiad.observability.custom_metrics import CustomMetrics
 from naiad.observability.logs import LogSettings
 from naiad.observability.metrics import ModelSample
@@ -65,6 +69,10 @@ class InferenceServer:
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.options = options
         self.models = ModelManager(options, host=_BackendHost(self))
+        # --model-load-on-demand / --model-memory-budget: loads on request, LRU evictions
+        self.residency = Residency(self.models, options.model_memory_budget) if options.model_load_on_demand else None
+        if self.residency is not None:
+            self.models.on_unloaded = self.residency.forget
         self.tracer = Tracer(options.trace_settings, options.trace_opentelemetry)
         self.logging = log_settings or LogSettings()
         self.shared_memory = SharedMemoryRegistry(options.allow_client_shm)
@@ -80,17 +88,30 @@ class InferenceServer:
     def start(self) -> None:
         """Load the models the control mode asks for; raise when --exit-on-error and any failed."""
         names = self._startup_models()
-        errors = self.models.load_many(names)
+        errors = self.models.load_many(names) if self.residency is None else self._load_resident(names)
         for error in errors.values():
             log.error("%s", error)
         if errors and self.options.exit_on_error:
             raise Unavailable("failed to load all models: " + ", ".join(sorted(errors)))
         self.started = True
 
+    def _load_resident(self, names: list[str]) -> dict[str, str]:
+        """Startup loads under a memory budget: one at a time, each measured."""
+        assert self.residency is not None
+        errors: dict[str, str] = {}
+        for name in names:
+            try:
+                self.residency.load_now(name, functools.partial(self.models.load, name))
+            except NaiadError as error:
+                errors[name] = str(error)
+        return errors
+
     def _startup_models(self) -> list[str]:
         found = self.models.discover()
         for name in found.duplicates:
             log.error("failed to load '%s': model appears in two or more repositories", name)
+        if self.residency is not None and self.options.model_control_mode != "explicit":
+            return []  # on demand: nothing loads before a request asks for it
         if self.options.model_control_mode != "explicit":
             return sorted(found.models)
         if list(self.options.load_models) == ["*"]:
@@ -100,6 +121,8 @@ class InferenceServer:
     def stop(self, timeout: float | None = None) -> None:
         """Unload every model, waiting at most `timeout` seconds (--exit-timeout-secs by default)."""
         self.stopping = True
+        if self.residency is not None:
+            self.residency.close()  # loads not begun yet are cancelled: their requests fail
         self.models.stop_all(self.options.exit_timeout_secs if timeout is None else timeout)
         self.shared_memory.close()
         self.tracer.flush()
@@ -187,7 +210,7 @@ class InferenceServer:
             try:
                 return await future
             except asyncio.CancelledError:
-                job.cancelled = True  # the client went away: a queued job leaves the queue
+                job.cancel()  # the client went away: a queued job leaves the queue
                 raise
         finally:
             self.inflight -= 1
@@ -231,7 +254,7 @@ class InferenceServer:
                     if response.final:
                         return
             except (asyncio.CancelledError, GeneratorExit):
-                job.cancelled = True
+                job.cancel()
                 raise
         finally:
             self.inflight -= 1
@@ -239,12 +262,20 @@ class InferenceServer:
     def is_decoupled(self, name: str, version: int | None) -> bool:
         return bool(self.models.get(name, version).decoupled)
 
-    def _submit(self, request: InferRequest, sink: ResponseSink, decoupled_error: str | None) -> Job:
+    def _submit(self, request: InferRequest, sink: ResponseSink, decoupled_error: str | None,
+                may_load: bool = True) -> Job:
         parameters = request.parameters
         # The label is a routing instruction, taken out so that it never reaches the model (nor an
         # ensemble's steps, which share the parent's parameters).
         label = parameters.pop(REQUEST_PARAMETER, None) if parameters else None
-        loaded, label = self.models.router.acquire(request.model_name, request.model_version, label, request.id)
+        try:
+            loaded, label = self.models.router.acquire(request.model_name, request.model_version, label, request.id)
+        except NotFound:
+            if self.residency is None or not may_load:
+                raise
+            return self._submit_cold(request, sink, decoupled_error, label)
+        if self.residency is not None:
+            self.residency.touch(loaded.name)
         if label is not None:
             sink = _LabelledSink(sink, label)
         if log.isEnabledFor(logging.DEBUG):  # per-request lines at --log-verbose only, never formatted otherwise
@@ -269,6 +300,33 @@ class InferenceServer:
                 # A full queue (Unavailable) rejects; a request that fails validation is OTHER.
                 loaded.stats.record_failure(0, "REJECTED" if isinstance(error, Unavailable) else "OTHER")
             raise
+
+    def _submit_cold(self, request: InferRequest, sink: ResponseSink, decoupled_error: str | None,
+                     label: str | None) -> Job:
+        """A request for a model that is not loaded (--model-load-on-demand): it waits for the
+        load, then is submitted as any other; the returned job cancels it meanwhile."""
+        assert self.residency is not None
+        residency = self.residency
+        if label is not None:
+            request.parameters[REQUEST_PARAMETER] = label  # routed again once the model serves
+        waiting = WaitingJob(request, sink)
+
+        def loaded(load: Future[None]) -> None:
+            residency.cold_start(request.model_name, time.monotonic_ns() - waiting.enqueued_ns)
+            failure = Unavailable(STOPPING_ERROR) if load.cancelled() else load.exception()
+            error = failure if failure is None or isinstance(failure, Exception) else Unavailable(str(failure))
+            if error is None and waiting.cancelled:
+                error = Cancelled("the request was cancelled while its model loaded")
+            if error is None:
+                try:  # on the residency thread: the slot is taken before anything could evict it
+                    waiting.started = self._submit(request, sink, decoupled_error, may_load=False)
+                    return
+                except Exception as failure:
+                    error = failure
+            sink(InferResponse(request.model_name, str(request.model_version or ""), request.id, error=error))
+
+        residency.ensure(request.model_name).add_done_callback(loaded)
+        return waiting
 
     # -- repository --------------------------------------------------------------------------
 
@@ -297,7 +355,10 @@ class InferenceServer:
                     raise InvalidArgument(f"'{key}' parameter must be a string")
                 labels[key] = value
         if override is not None or files or not labels:
-            self.models.load(name, override, files or None)
+            if self.residency is not None:  # room is made first, and the footprint measured
+                self.residency.load_now(name, functools.partial(self.models.load, name, override, files or None))
+            else:
+                self.models.load(name, override, files or None)
         if labels:
             self.models.relabel(name, labels.get(LABELS_PARAMETER), labels.get(SPLIT_PARAMETER))
 
@@ -356,10 +417,7 @@ class _BackendHost:
     def submit(self, request: InferRequest, sink: ResponseSink, decoupled: bool) -> Callable[[], None]:
         job = self._server._submit(request, sink, None if decoupled else BLS_DECOUPLED_ERROR)
 
-        def cancel() -> None:
-            job.cancelled = True
-
-        return cancel
+        return job.cancel
 
     def control(self, op: str, args: list[Any]) -> Any:
         server = self._server

@@ -106,7 +106,8 @@ def _metrics_server(options: ServerOptions, server: InferenceServer) -> MetricsS
     address = options.metrics_address or options.http_address
     try:
         page = Metrics(server.metric_samples, cpu=options.allow_cpu_metrics, gpu=options.allow_gpu_metrics,
-                       custom=server.custom_metrics)
+                       custom=server.custom_metrics,
+                       rows=server.residency.metric_rows if server.residency is not None else None)
         metrics = MetricsServer(page, address, options.metrics_port)
     except OSError as error:  # as Triton: a metrics port that cannot be had is a start-up error
         raise NaiadError(f"failed to start Metrics service at {address}:{options.metrics_port}: {error}") from None

@@ -91,6 +91,8 @@ _DURATIONS = {
 
 
 def _labels(**labels: str) -> str:
+    if not labels:
+        return ""
     inner = ",".join(f'{key}="{_escape(value)}"' for key, value in sorted(labels.items()))
     return "{" + inner + "}"
 
@@ -145,17 +147,21 @@ def render_models(samples: list[ModelSample]) -> Iterator[str]:
 
 def _render_backend_rows(samples: list[ModelSample]) -> Iterator[str]:
     """The backends' own families, each printed once with every model's samples."""
+    yield from render_rows((row, sample.stats.metric_labels) for sample in samples for row in sample.extra)
+
+
+def render_rows(rows: Iterable[tuple[MetricRow, dict[str, str]]]) -> Iterator[str]:
+    """Rows (each with labels of its own beside `row.labels`) as families, each printed once."""
     families: dict[str, tuple[str, str, list[str]]] = {}
-    for sample in samples:
-        for row in sample.extra:
-            labels = {**sample.stats.metric_labels, **dict(row.labels)}
-            _, _, lines = families.setdefault(row.name, (row.kind, row.help, []))
-            if row.kind != "histogram":
-                lines.append(f"{row.name}{_labels(**labels)} {_number(row.value)}")
-                continue
-            lines.extend(f"{row.name}_bucket{_labels(le=bound, **labels)} {count}" for bound, count in row.buckets)
-            lines.append(f"{row.name}_sum{_labels(**labels)} {_number(row.value)}")
-            lines.append(f"{row.name}_count{_labels(**labels)} {row.buckets[-1][1] if row.buckets else 0}")
+    for row, own in rows:
+        labels = {**own, **dict(row.labels)}
+        _, _, lines = families.setdefault(row.name, (row.kind, row.help, []))
+        if row.kind != "histogram":
+            lines.append(f"{row.name}{_labels(**labels)} {_number(row.value)}")
+            continue
+        lines.extend(f"{row.name}_bucket{_labels(le=bound, **labels)} {count}" for bound, count in row.buckets)
+        lines.append(f"{row.name}_sum{_labels(**labels)} {_number(row.value)}")
+        lines.append(f"{row.name}_count{_labels(**labels)} {row.buckets[-1][1] if row.buckets else 0}")
     for name, (kind, doc, lines) in families.items():
         yield f"# HELP {name} {doc}"
         yield f"# TYPE {name} {kind}"
@@ -293,15 +299,18 @@ class Metrics:
     then the GPU's and CPU's (when allowed)."""
 
     def __init__(self, samples: Callable[[], list[ModelSample]], cpu: bool = True, gpu: bool = False,
-                 custom: CustomMetrics | None = None) -> None:
+                 custom: CustomMetrics | None = None, rows: Callable[[], list[MetricRow]] | None = None) -> None:
         self.samples = samples
         self.custom = custom
+        self.rows = rows  # the server's own rows (model residency), beside the per-version ones
         self.cpu = CpuSampler() if cpu else None
         nvml = load_nvml() if gpu else None
         self.gpu = GpuSampler(nvml) if nvml is not None else None
 
     def text(self) -> bytes:
         lines = list(render_models(self.samples()))
+        if self.rows is not None:
+            lines.extend(render_rows((row, {}) for row in self.rows()))
         if self.custom is not None:
             lines.extend(self.custom.render())
         if self.gpu is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -231,7 +232,10 @@ class Tracer:
             return  # no trace_file: traces are dropped, as Triton does
         target = Path(f"{path}.{self._files_written}" if indexed else path)
         self._files_written += 1
-        target.write_text(json.dumps([item for trace in traces for item in trace.as_json()]))
+        # Whole or not at all: a tool reading trace files as they appear never sees half of one.
+        partial = target.with_name(f".{target.name}.partial")
+        partial.write_text(json.dumps([item for trace in traces for item in trace.as_json()]))
+        os.replace(partial, target)
 
 
 def _check(key: str, value: Any, for_model: bool) -> str | list[str] | None:

@@ -183,7 +183,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             call.finish(grpc.StatusCode.INTERNAL, "internal server error")
             return True
         if not call.closed:  # not answered already (a cache hit, an early refusal)
-            call.on_cancel = functools.partial(setattr, job, "cancelled", True)
+            call.on_cancel = job.cancel
         return True
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],

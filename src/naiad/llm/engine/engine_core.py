@@ -71,6 +71,7 @@ class EngineInfo(msgspec.Struct, tag="ready"):
     max_model_len: int
     vocab_size: int
     num_blocks: int
+    kv_cache_bytes: int = 0  # the KV cache over every rank (what a memory budget must count)
 
 
 class RequestOutput(msgspec.Struct, array_like=True):
@@ -133,7 +134,8 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
             log.exception("the LLM engine could not start")
             conn.send_bytes(_encoder.encode(EngineFailed(f"the engine could not start: {error}", [])))
             return
-        info = EngineInfo(engine.max_model_len, engine.runner.args.vocab_size, engine.runner.num_blocks)
+        runner = engine.runner
+        info = EngineInfo(engine.max_model_len, runner.args.vocab_size, runner.num_blocks, runner.kv_cache_bytes())
         conn.send_bytes(_encoder.encode(info))
         EngineCore(engine, conn).run()
     except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -178,6 +178,12 @@ class ModelRunner:
                                        -(-max_len // config.block_size), config.block_size, self.num_blocks,
                                        self.device)
 
+    def kv_cache_bytes(self) -> int:
+        """The KV cache's bytes over every rank: each layer's keys and values, all kv heads."""
+        args = self.args
+        return (self.num_blocks * 2 * self.config.block_size * args.num_layers * args.num_kv_heads
+                * args.head_dim * self.dtype.itemsize)
+
     def _calibrate(self) -> dict[str, torch.Tensor]:
         """Each linear layer's input columns' root mean square over one prefill of the fixed
         calibration tokens, in a KV cache of its own (the int8 layers keep the largest in float16,
