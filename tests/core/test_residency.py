@@ -70,7 +70,7 @@ class FakeLifecycle:
 
 
 def _residency(lifecycle: FakeLifecycle, budget: int) -> Residency:
-    return Residency(lifecycle, budget, measure=lambda: lifecycle.memory)
+    return Residency(lifecycle, budget, measure=lambda: lifecycle.memory, fresh_secs=0.0)
 
 
 def _use(residency: Residency, *names: str) -> None:

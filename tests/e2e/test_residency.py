@@ -5,11 +5,14 @@ through, so what the server accounts for is memory its model processes really ho
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -54,10 +57,17 @@ def _infer(url: str, model: str, hold: bool = False, label: str | None = None) -
         return int(client.infer(model, inputs, parameters=parameters).as_numpy("OUT")[0])
 
 
+def _post(url: str, path: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(f"http://{url}{path}", json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
 def _metrics(server: ServerProcess) -> dict[tuple[str, str], float]:
     """(family, model) -> value for the residency families."""
-    import urllib.request
-
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as response:
         text = response.read().decode()
     values = {}
@@ -187,6 +197,8 @@ def test_unknown_models_are_still_not_found_and_explicit_unloads_free_their_room
     server = serve(repo, "--model-control-mode=explicit", "--model-memory-budget=4G")
     with pytest.raises(InferenceServerException, match="unknown model: 'nothere'"):
         _infer(server.url, "nothere")
+    generate = _post(server.url, "/v2/models/nothere/generate", {"IN": [1], "HOLD": [0]})
+    assert generate == (404, {"error": "Request for unknown model: 'nothere' is not found"})  # as without
     assert _infer(server.url, "m0") == 1
     assert _metrics(server)[("nv_model_load_count", "m0")] == 1
     with httpclient.InferenceServerClient(server.url) as client:
@@ -242,3 +254,13 @@ def test_poll_mode_ensembles_and_version_labels_load_on_demand(
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert "labelled" not in _states(server.url)
+
+
+def test_generate_waits_for_a_cold_model_as_infer_does(serve: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    """/generate decodes by the model's inputs, so it waits for the load before decoding."""
+    repo = tmp_path / "repo"
+    _write_model(repo, "m0", 41, 1)
+    server = serve(repo, "--model-load-on-demand")
+    status, answer = _post(server.url, "/v2/models/m0/generate", {"IN": [1], "HOLD": [0]})
+    assert (status, answer["OUT"]) == (200, 42)
+    assert _metrics(server)[("nv_model_load_count", "m0")] == 1

@@ -12,7 +12,8 @@ set of the server and its model processes, before and after) belongs to that mod
 a model that was just loaded for waiting requests takes them (their in-flight slots are taken
 in the load's callbacks, on that thread) before any later load could evict it as idle.
 
-A model is never evicted while it has requests in flight or queued, while it is pinned
+A model is never evicted while it has requests in flight or queued, in the second after its load,
+while it is pinned
 (`parameters { key: "pinned" value { string_value: "true" } }`), or while a resident ensemble
 uses it. An ensemble's steps that load with it are accounted to it and unload with it.
 """
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 PINNED_PARAMETER = "pinned"
 #: how long a load waits for busy models to go idle when nothing can be evicted yet
 ROOM_WAIT_SECS = 60.0
+#: a model loaded this recently is not evicted: the request it was loaded for may still be on its
+#: way to it (generate and the OpenAI routes look the model up before they submit)
+FRESH_SECS = 1.0
 _ROOM_POLL_SECS = 0.01
 _NEVER = (-1, -1)
 
@@ -76,10 +80,12 @@ class WaitingJob(Job):
 
 @dataclass(slots=True)
 class Resident:
-    """A model residency tracks: its measured footprint and the steps that loaded with it."""
+    """A model residency tracks: its measured footprint, the steps that loaded with it, and when
+    its load finished."""
 
     footprint: int
     carried: tuple[str, ...] = ()  # an ensemble's steps loaded with it (their memory is in footprint)
+    loaded_at: float = 0.0  # time.monotonic()
 
 
 @dataclass(slots=True)
@@ -97,9 +103,10 @@ class Residency:
     """Which models are resident, when each was last used, and the loads and evictions."""
 
     def __init__(self, lifecycle: Lifecycle, budget_bytes: int = 0,
-                 measure: Callable[[], int] | None = None) -> None:
+                 measure: Callable[[], int] | None = None, fresh_secs: float = FRESH_SECS) -> None:
         self._lifecycle = lifecycle
         self.budget = budget_bytes  # 0: no budget (load on demand, never evict)
+        self._fresh_secs = fresh_secs
         self._measure = measure or process_tree_rss
         self._residents: dict[str, Resident] = {}
         self._measured: dict[str, int] = {}  # name -> footprint when last loaded (the next estimate)
@@ -171,7 +178,7 @@ class Residency:
             if previous is not None:
                 footprint += previous.footprint
                 carried = tuple(sorted({*carried, *previous.carried}))
-            self._residents[name] = Resident(footprint, carried)
+            self._residents[name] = Resident(footprint, carried, time.monotonic())
             self._measured[name] = footprint
             counts = self._counts.setdefault(name, Counts())
             counts.loads += 1
@@ -234,8 +241,9 @@ class Residency:
             residents = dict(self._residents)
         held = {step for resident in residents.values() for step in resident.carried}
         held |= {step for name in residents for step in _steps(self._lifecycle.serving(name))}
-        candidates = [name for name in residents if name not in exclude and name not in held
-                      and self._evictable(name)]
+        fresh = time.monotonic() - self._fresh_secs
+        candidates = [name for name, resident in residents.items() if name not in exclude and name not in held
+                      and resident.loaded_at <= fresh and self._evictable(name)]
         return min(candidates, key=lambda n: self._used.get(n, _NEVER), default=None)
 
     def _evictable(self, name: str) -> bool:

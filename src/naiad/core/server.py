@@ -328,6 +328,18 @@ class InferenceServer:
         residency.ensure(request.model_name).add_done_callback(loaded)
         return waiting
 
+    async def loaded(self, name: object) -> None:
+        """With on-demand loading, wait until model `name` serves, loading it when the repository
+        has it; at once otherwise. For frontends that need a model's config or inputs before
+        they can decode a request (generate, the OpenAI routes): their own lookup then answers
+        for names that are not models, in their own words."""
+        if self.residency is None or not isinstance(name, str) or not name or self.models.router.serves(name):
+            return
+        try:
+            await asyncio.wrap_future(self.residency.ensure(name))
+        except NotFound:
+            return
+
     # -- repository --------------------------------------------------------------------------
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

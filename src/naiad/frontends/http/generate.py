@@ -56,6 +56,7 @@ class _Object(list[tuple[str, Any]]):
 
 
 async def generate(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    await server.loaded(route.model)  # decoding needs the model's inputs
     request = _decode(server, route, body)
     carry_trace(server, request, headers)
     answers = [r async for r in server.stream(request) if not _flags_only(r)]
@@ -70,6 +71,7 @@ async def generate(server: InferenceServer, route: Route, body: bytes, headers: 
 
 
 async def generate_stream(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    await server.loaded(route.model)  # decoding needs the model's inputs
     request = _decode(server, route, body)
     carry_trace(server, request, headers)
     # server.stream is an async generator: closing it marks the request cancelled.

@@ -88,7 +88,9 @@ async def chat_completions(server: InferenceServer, route: Route, body: bytes, h
 async def _answer(server: InferenceServer, body: bytes, headers: Headers, chat: bool) -> Reply:
     """Every OpenAI error leaves here in OpenAI's shape, not Triton's."""
     try:
-        call = _Call.parse(server, parse_body(body), chat)
+        document = parse_body(body)
+        await server.loaded(document.get("model"))  # a model that loads on demand, before it is looked up
+        call = _Call.parse(server, document, chat)
         for request in call.requests:
             carry_trace(server, request, headers)
         if call.stream:

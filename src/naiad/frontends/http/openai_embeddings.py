@@ -41,6 +41,7 @@ _encoder = msgspec.json.Encoder()
 async def embeddings(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
     try:
         document = parse_body(body)
+        await server.loaded(document.get("model"))  # a model that loads on demand, before it is looked up
         model, texts, encoding, dimensions = _parse(server, document)
         vectors, tokens = await embed(server, model, texts, headers)
         if dimensions is not None and dimensions < model.size:

@@ -39,6 +39,7 @@ _encoder = msgspec.json.Encoder()
 async def rerank(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
     try:
         document = parse_body(body)
+        await server.loaded(document.get("model"))  # a model that loads on demand, before it is looked up
         _check_fields(document, _RERANK_FIELDS)
         model = _model(server, document.get("model"))
         query = _text(document.get("query"), "query")
@@ -67,6 +68,7 @@ async def rerank(server: InferenceServer, route: Route, body: bytes, headers: He
 async def score(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
     try:
         document = parse_body(body)
+        await server.loaded(document.get("model"))  # a model that loads on demand, before it is looked up
         _check_fields(document, _SCORE_FIELDS)
         model = _model(server, document.get("model"))
         first, second = _texts(document.get("text_1"), "text_1"), _texts(document.get("text_2"), "text_2")
