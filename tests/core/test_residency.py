@@ -187,3 +187,16 @@ def test_a_reservation_larger_than_what_was_touched_is_what_counts() -> None:
     residency = _residency(lifecycle, 0)
     _use(residency, "llm")
     assert residency.resident() == {"llm": 64 * MB}
+
+
+def test_a_model_loaded_for_a_lookup_is_kept_a_moment_and_one_loaded_for_infer_is_not() -> None:
+    lifecycle = FakeLifecycle({"looked_up": MB, "plain": MB, "next": MB})
+    residency = Residency(lifecycle, 1 * MB, measure=lambda: lifecycle.memory, fresh_secs=0.5)
+    residency.ensure("looked_up", lookup=True).result(timeout=10)
+    started = time.monotonic()
+    residency.ensure("plain").result(timeout=10)  # waits for the looked-up model's moment to pass
+    assert time.monotonic() - started >= 0.4
+    started = time.monotonic()
+    residency.ensure("next").result(timeout=10)  # evicts the plain one at once
+    assert time.monotonic() - started < 0.4
+    assert lifecycle.events == ["load looked_up", "evict looked_up", "load plain", "evict plain", "load next"]

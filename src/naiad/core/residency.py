@@ -12,8 +12,8 @@ set of the server and its model processes, before and after) belongs to that mod
 a model that was just loaded for waiting requests takes them (their in-flight slots are taken
 in the load's callbacks, on that thread) before any later load could evict it as idle.
 
-A model is never evicted while it has requests in flight or queued, in the second after its load,
-while it is pinned
+A model is never evicted while it has requests in flight or queued, in the second after a load
+that a lookup waited for (FRESH_SECS), while it is pinned
 (`parameters { key: "pinned" value { string_value: "true" } }`), or while a resident ensemble
 uses it. An ensemble's steps that load with it are accounted to it and unload with it.
 """
@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 PINNED_PARAMETER = "pinned"
 #: how long a load waits for busy models to go idle when nothing can be evicted yet
 ROOM_WAIT_SECS = 60.0
-#: a model loaded this recently is not evicted: the request it was loaded for may still be on its
-#: way to it (generate and the OpenAI routes look the model up before they submit)
+#: a model loaded for a lookup (`ensure(name, lookup=True)`: generate and the OpenAI routes read
+#: the model's config before they submit) is not evicted this soon after: the request it was
+#: loaded for is still on its way to it. Requests through `infer` take their slot at load time.
 FRESH_SECS = 1.0
 _ROOM_POLL_SECS = 0.01
 _NEVER = (-1, -1)
@@ -85,7 +86,7 @@ class Resident:
 
     footprint: int
     carried: tuple[str, ...] = ()  # an ensemble's steps loaded with it (their memory is in footprint)
-    loaded_at: float = 0.0  # time.monotonic()
+    protected_until: float = 0.0  # time.monotonic(): not evicted before (see FRESH_SECS)
 
 
 @dataclass(slots=True)
@@ -115,6 +116,7 @@ class Residency:
         self._tick = itertools.count()
         self._counts: dict[str, Counts] = {}
         self._loading: dict[str, Future[None]] = {}
+        self._lookups: set[str] = set()  # models whose load a lookup waits for (FRESH_SECS)
         self._lock = threading.Lock()  # guards _residents, _loading and _counts (read by other threads)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="naiad-residency")
 
@@ -126,9 +128,12 @@ class Residency:
 
     # -- loads -------------------------------------------------------------------------------
 
-    def ensure(self, name: str) -> Future[None]:
-        """The load of `name`, started unless one is under way: done once it serves (or failed)."""
+    def ensure(self, name: str, lookup: bool = False) -> Future[None]:
+        """The load of `name`, started unless one is under way: done once it serves (or failed).
+        `lookup`: the caller looks the model up once it serves, then submits (FRESH_SECS)."""
         with self._lock:
+            if lookup:
+                self._lookups.add(name)
             future = self._loading.get(name)
             if future is not None:
                 return future
@@ -178,7 +183,9 @@ class Residency:
             if previous is not None:
                 footprint += previous.footprint
                 carried = tuple(sorted({*carried, *previous.carried}))
-            self._residents[name] = Resident(footprint, carried, time.monotonic())
+            protected = time.monotonic() + self._fresh_secs if name in self._lookups else 0.0
+            self._lookups.discard(name)
+            self._residents[name] = Resident(footprint, carried, protected)
             self._measured[name] = footprint
             counts = self._counts.setdefault(name, Counts())
             counts.loads += 1
@@ -241,9 +248,9 @@ class Residency:
             residents = dict(self._residents)
         held = {step for resident in residents.values() for step in resident.carried}
         held |= {step for name in residents for step in _steps(self._lifecycle.serving(name))}
-        fresh = time.monotonic() - self._fresh_secs
+        now = time.monotonic()
         candidates = [name for name, resident in residents.items() if name not in exclude and name not in held
-                      and resident.loaded_at <= fresh and self._evictable(name)]
+                      and resident.protected_until <= now and self._evictable(name)]
         return min(candidates, key=lambda n: self._used.get(n, _NEVER), default=None)
 
     def _evictable(self, name: str) -> bool:

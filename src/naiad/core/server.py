@@ -336,7 +336,7 @@ class InferenceServer:
         if self.residency is None or not isinstance(name, str) or not name or self.models.router.serves(name):
             return
         try:
-            await asyncio.wrap_future(self.residency.ensure(name))
+            await asyncio.wrap_future(self.residency.ensure(name, lookup=True))
         except NotFound:
             return
 
