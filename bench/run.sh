@@ -22,6 +22,8 @@ run .venv/bin/python bench/onnx_precision.py
 run .venv/bin/python bench/loadgen.py
 # naiad tune (issue 27) on the MLP and MiniLM from their hand-tuned configs: throughput at the p99 objective, wall time.
 run .venv/bin/python bench/tune.py
+# Many models (issue 28): cold start per model kind vs a warm request; a 90/10 mix and hot traffic under cold churn vs all resident.
+run .venv/bin/python bench/residency.py
 # Metrics and tracing: identity throughput with them off, then on (scraped every second).
 run .venv/bin/python bench/observability.py
 # Web console (issue 26): page weight and time to first chart in Chromium, identity c=32 with it open vs closed.

@@ -200,3 +200,20 @@ def test_a_model_loaded_for_a_lookup_is_kept_a_moment_and_one_loaded_for_infer_i
     residency.ensure("next").result(timeout=10)  # evicts the plain one at once
     assert time.monotonic() - started < 0.4
     assert lifecycle.events == ["load looked_up", "evict looked_up", "load plain", "evict plain", "load next"]
+
+
+def test_a_load_that_loads_another_model_does_not_wait_for_itself() -> None:
+    """A Python model's initialize() may load another model (pb_utils model control)."""
+    lifecycle = FakeLifecycle({"parent": MB, "child": MB})
+    residency = _residency(lifecycle, 0)
+    original = lifecycle.load
+
+    def load(name: str) -> None:
+        if name == "parent":
+            residency.load_now("child", lambda: original("child"))
+        original(name)
+
+    lifecycle.load = load  # type: ignore[method-assign]
+    residency.ensure("parent").result(timeout=10)
+    assert lifecycle.events == ["load child", "load parent"]
+    assert set(residency.resident()) == {"parent", "child"}

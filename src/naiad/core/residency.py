@@ -117,6 +117,7 @@ class Residency:
         self._counts: dict[str, Counts] = {}
         self._loading: dict[str, Future[None]] = {}
         self._lookups: set[str] = set()  # models whose load a lookup waits for (FRESH_SECS)
+        self._active = 0  # loads under way (see load_now)
         self._lock = threading.Lock()  # guards _residents, _loading and _counts (read by other threads)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="naiad-residency")
 
@@ -144,7 +145,13 @@ class Residency:
         return future
 
     def load_now(self, name: str, load: Callable[[], None]) -> None:
-        """An explicit load (the repository API): on the residency thread, after making room."""
+        """An explicit load (the repository API): on the residency thread, after making room.
+        While that thread is inside a load, this may be the loading model's initialize()
+        loading another (pb_utils model control): waiting for the thread would wait for itself,
+        so the load runs here (its measurement may then include the other load's memory)."""
+        if self._active:
+            self._load(name, load)
+            return
         self._thread.submit(self._load, name, load).result()
 
     def cold_start(self, name: str, waited_ns: int) -> None:
@@ -159,6 +166,16 @@ class Residency:
                 del self._loading[name]
 
     def _load(self, name: str, load: Callable[[], None] | None = None) -> None:
+        with self._lock:
+            self._active += 1
+        try:
+            self._load_measured(name, load)
+        finally:
+            with self._lock:
+                self._active -= 1
+                self._lookups.discard(name)
+
+    def _load_measured(self, name: str, load: Callable[[], None] | None) -> None:
         """Load `name` (with `load`: the repository API's load, which may also be a reload)
         after making room for it, and measure what it took."""
         before_names = set(self._lifecycle.serving_names())
@@ -184,7 +201,6 @@ class Residency:
                 footprint += previous.footprint
                 carried = tuple(sorted({*carried, *previous.carried}))
             protected = time.monotonic() + self._fresh_secs if name in self._lookups else 0.0
-            self._lookups.discard(name)
             self._residents[name] = Resident(footprint, carried, protected)
             self._measured[name] = footprint
             counts = self._counts.setdefault(name, Counts())
@@ -259,7 +275,9 @@ class Residency:
 
     def _evict(self, name: str) -> None:
         with self._lock:
-            resident = self._residents.pop(name)
+            resident = self._residents.pop(name, None)
+        if resident is None:
+            return  # a load running beside this one (see load_now) evicted it first
         for step in (name, *resident.carried):
             self._lifecycle.evict(step)
             with self._lock:
