@@ -12,15 +12,15 @@ planned the next batch meanwhile finds the thread still running: it takes it wit
 
 from __future__ import annotations
 
-import collections
 import logging
+import queue
 import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 
 from naiad.backends.base import Batch, BatchSender, ExecutionTimes, ModelInstance, Outputs, RequestResult
-from naiad.errors import InternalError, NaiadError
+from naiad.errors import InternalError, NaiadError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,9 @@ class ThreadedInstance(ModelInstance):
     thread_name: str = "instance"
 
     _thread: threading.Thread | None = None
-    _work: collections.deque[tuple[Batch, BatchSender]]
-    _wake: threading.Condition
+    # C-implemented, so a batch's hand-off is one put and one get: a Condition around a deque
+    # cost a Python-level lock allocation and notify per batch on the hot path
+    _work: queue.SimpleQueue[tuple[Batch, BatchSender] | None]
     _closing: bool = False
 
     @abstractmethod
@@ -59,27 +60,23 @@ class ThreadedInstance(ModelInstance):
     def submit(self, batch: Batch, sender: BatchSender) -> bool:
         if self._thread is None:
             self._start_thread()
-        with self._wake:
-            if self._closing:
-                return False
-            self._work.append((batch, sender))
-            self._wake.notify()
+        if self._closing:
+            return False
+        self._work.put((batch, sender))
         return True
 
     def close(self) -> None:
         thread = self._thread
-        if thread is None:
+        if thread is None or self._closing:
             return
-        with self._wake:
-            self._closing = True
-            self._wake.notify()
+        self._closing = True
+        self._work.put(None)  # after the batches already queued: they run first
         if thread is not threading.current_thread():
             thread.join()
 
     def _start_thread(self) -> None:
         # Lazily, so subclasses need not call an __init__ of this class.
-        self._work = collections.deque()
-        self._wake = threading.Condition()
+        self._work = queue.SimpleQueue()
         thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
         self._thread = thread
         thread.start()
@@ -87,18 +84,25 @@ class ThreadedInstance(ModelInstance):
     # -- the instance's thread -----------------------------------------------------------------
 
     def _loop(self) -> None:
-        work, wake = self._work, self._wake
-        while True:
-            with wake:
-                while not work:
-                    if self._closing:
-                        return
-                    wake.wait()
-                batch, sender = work.popleft()
+        get = self._work.get
+        while (item := get()) is not None:
+            batch, sender = item
             if self.decoupled:
                 self._run_decoupled(batch, sender)
             else:
                 self._run(batch, sender)
+        # A submit that raced close() put its batch behind the end mark: answer it, never drop it.
+        while True:
+            try:
+                late = self._work.get_nowait()
+            except queue.Empty:
+                return
+            if late is not None:
+                batch, sender = late
+                now = time.monotonic_ns()
+                sender.executed(ExecutionTimes(now, now, now, now))
+                for index in range(len(batch.requests)):
+                    sender.send(index, Unavailable(f"{self.thread_name} was closed"), True)
 
     def _run(self, batch: Batch, sender: BatchSender) -> None:
         start = time.monotonic_ns()
