@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -29,6 +28,15 @@ from naiad.types import DataType, InferRequest, InferResponse, Tensor
 # without timing anything.
 AFTER = "after"
 AFTER_LIMIT_S = 10
+
+
+class _FakeJob:
+    """What InferenceServer.infer_soon returns: a job its caller can cancel."""
+
+    cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 class ScriptedServer:
@@ -57,11 +65,11 @@ class ScriptedServer:
         raise AssertionError("no response")
 
     def infer_soon(self, request: InferRequest, answer: Callable[[InferResponse], None],
-                   decoupled_error: str) -> SimpleNamespace:
+                   decoupled_error: str) -> _FakeJob:
         """`infer` answering through `answer` on the loop, as InferenceServer.infer_soon."""
         if self.is_decoupled(request.model_name, request.model_version):
             raise Unsupported(decoupled_error)
-        job = SimpleNamespace(cancelled=False)
+        job = _FakeJob()
 
         async def run() -> None:
             async for response in self.stream(request):

@@ -243,6 +243,9 @@ class FakeCore:
         self.closed = False
         self.tracer = Tracer()  # as InferenceServer has one: the handlers ask whether tracing is on
 
+    async def loaded(self, name: object) -> None:
+        """As InferenceServer.loaded without on-demand loading: nothing to wait for."""
+
     def model_inputs(self, name: str, version: int | None) -> tuple[list[TensorSpec], int]:
         if name != "m":
             raise NotFound(f"Request for unknown model: '{name}' is not found")
