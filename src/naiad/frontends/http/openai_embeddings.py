@@ -25,9 +25,9 @@ import msgspec
 import numpy as np
 
 from naiad.core.server import InferenceServer
-from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
+from naiad.errors import InternalError, InvalidArgument, NaiadError
 from naiad.frontends.http.openai import openai_error, parse_body
-from naiad.frontends.http.openai_tasks import Embedder, embedder
+from naiad.frontends.http.openai_tasks import Embedder, check_fields, require_embedder
 from naiad.frontends.http.reply import Headers, Reply
 from naiad.frontends.http.routes import Route
 from naiad.frontends.http.tracing import carry_trace
@@ -58,20 +58,10 @@ async def embeddings(server: InferenceServer, route: Route, body: bytes, headers
 
 
 def _parse(server: InferenceServer, body: dict[str, Any]) -> tuple[Embedder, list[str], str, int | None]:
-    unknown = sorted(key for key in body if key not in _FIELDS)
-    if unknown:
-        raise InvalidArgument(f"unknown field '{unknown[0]}': it is not supported by this server")
+    check_fields(body, _FIELDS)
     name = body.get("model")
-    if not isinstance(name, str) or not name:
-        raise InvalidArgument("'model' must be a model name")
-    try:
-        config = server.model_config_message(name, None)
-    except NotFound:
-        raise NotFound(f"The model '{name}' does not exist") from None
-    model = embedder(name, config)
-    if model is None:
-        raise InvalidArgument(f"The model '{name}' does not serve embeddings (it is not a text-to-vector model; "
-                              "a config may say so with the parameter openai_task: embedding)")
+    model = require_embedder(server, name, f"The model '{name}' does not serve embeddings (it is not a "
+                             "text-to-vector model; a config may say so with the parameter openai_task: embedding)")
     texts = _texts(body.get("input"))
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):

@@ -24,10 +24,10 @@ import msgspec
 import numpy as np
 
 from naiad.core.server import InferenceServer
-from naiad.errors import InvalidArgument, NaiadError, NotFound
+from naiad.errors import InvalidArgument, NaiadError
 from naiad.frontends.http.openai import openai_error, parse_body
 from naiad.frontends.http.openai_embeddings import MAX_INPUTS, embed
-from naiad.frontends.http.openai_tasks import Embedder, embedder
+from naiad.frontends.http.openai_tasks import Embedder, check_fields, require_embedder
 from naiad.frontends.http.reply import Headers, Reply
 from naiad.frontends.http.routes import Route
 
@@ -40,7 +40,7 @@ async def rerank(server: InferenceServer, route: Route, body: bytes, headers: He
     try:
         document = parse_body(body)
         await server.loaded(document.get("model"))  # a model that loads on demand, before it is looked up
-        _check_fields(document, _RERANK_FIELDS)
+        check_fields(document, _RERANK_FIELDS)
         model = _model(server, document.get("model"))
         query = _text(document.get("query"), "query")
         documents = _documents(document.get("documents"))
@@ -69,7 +69,7 @@ async def score(server: InferenceServer, route: Route, body: bytes, headers: Hea
     try:
         document = parse_body(body)
         await server.loaded(document.get("model"))  # a model that loads on demand, before it is looked up
-        _check_fields(document, _SCORE_FIELDS)
+        check_fields(document, _SCORE_FIELDS)
         model = _model(server, document.get("model"))
         first, second = _texts(document.get("text_1"), "text_1"), _texts(document.get("text_2"), "text_2")
         if len(first) != 1 and len(first) != len(second):
@@ -88,23 +88,8 @@ async def score(server: InferenceServer, route: Route, body: bytes, headers: Hea
         return openai_error(error)
 
 
-def _check_fields(body: dict[str, Any], known: set[str]) -> None:
-    unknown = sorted(key for key in body if key not in known)
-    if unknown:
-        raise InvalidArgument(f"unknown field '{unknown[0]}': it is not supported by this server")
-
-
 def _model(server: InferenceServer, name: Any) -> Embedder:
-    if not isinstance(name, str) or not name:
-        raise InvalidArgument("'model' must be a model name")
-    try:
-        config = server.model_config_message(name, None)
-    except NotFound:
-        raise NotFound(f"The model '{name}' does not exist") from None
-    model = embedder(name, config)
-    if model is None:
-        raise InvalidArgument(f"The model '{name}' cannot score texts: it is not an embedding model")
-    return model
+    return require_embedder(server, name, f"The model '{name}' cannot score texts: it is not an embedding model")
 
 
 def _text(value: Any, key: str) -> str:

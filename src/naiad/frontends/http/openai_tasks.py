@@ -5,11 +5,12 @@ openai_embeddings). Shared by `/v1/models` and the task endpoints."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.core.server import InferenceServer
-from naiad.errors import InternalError, NaiadError
+from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
 
 TASK = "openai_task"  # config parameter: "embedding" declares the task
 TOKENS_OUTPUT = "openai_tokens_output"  # config parameter: the output holding each text's token count
@@ -59,3 +60,25 @@ def embedder_or_none(server: InferenceServer, name: str) -> Embedder | None:
         return embedder(name, server.model_config_message(name, None))
     except NaiadError:
         return None
+
+
+def require_embedder(server: InferenceServer, name: Any, refusal: str) -> Embedder:
+    """The embedder a request's `model` names; a 400 for a name that is not a string, OpenAI's
+    404 for an unknown model, and InvalidArgument(`refusal`) for a model that is no embedder."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("'model' must be a model name")
+    try:
+        config = server.model_config_message(name, None)
+    except NotFound:
+        raise NotFound(f"The model '{name}' does not exist") from None
+    model = embedder(name, config)
+    if model is None:
+        raise InvalidArgument(refusal)
+    return model
+
+
+def check_fields(body: dict[str, Any], known: set[str] | frozenset[str]) -> None:
+    """A request field this server does not know is a 400 that names it."""
+    unknown = sorted(key for key in body if key not in known)
+    if unknown:
+        raise InvalidArgument(f"unknown field '{unknown[0]}': it is not supported by this server")
