@@ -2,11 +2,15 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.backends.base import Batch, BatchSender, ModelInstance
+from naiad.backends.threaded import ThreadedInstance
 from naiad.config.model_config import parse_config_text
 from naiad.core.scheduling import batcher_settings, make_job, make_scheduler
+from naiad.core.worker import InstanceWorker
 from naiad.errors import InvalidArgument
-from naiad.scheduling.default import DefaultScheduler
+from naiad.scheduling.default import DefaultScheduler, SharedQueueScheduler
 from naiad.scheduling.dynamic import TIMEOUT_DELAY, DynamicBatcher
+from naiad.scheduling.rate_limiter import Needs, RateLimiter
 from naiad.scheduling.timers import Timers
 from naiad.types import DataType, InferRequest, Tensor
 
@@ -50,3 +54,52 @@ def test_scheduler_choice_follows_the_config():
     assert isinstance(make_scheduler(plain, [], lambda j, e: None, Timers(), "m"), DefaultScheduler)
     plain.dynamic_batching.SetInParent()
     assert isinstance(make_scheduler(plain, [], lambda j, e: None, Timers(), "m"), DynamicBatcher)
+
+
+class _Echo(ThreadedInstance):
+    def execute(self, batch: Batch) -> list:
+        return [{"OUTPUT0": r.inputs[0].data} for r in batch.requests]
+
+
+class _Process(ModelInstance):
+    """Like a model process: batches are handed over, no thread of its own to pull with."""
+
+    def submit(self, batch: Batch, sender: BatchSender) -> bool:
+        return False
+
+
+def test_instances_with_threads_of_their_own_pull_from_one_shared_queue():
+    config = mc.ModelConfig(max_batch_size=4)
+    drop = lambda j, e: None  # noqa: E731
+    threaded = [InstanceWorker(_Echo(), None, True, None) for _ in range(2)]  # type: ignore[arg-type]
+    assert isinstance(make_scheduler(config, threaded, drop, Timers(), "m"), SharedQueueScheduler)
+    # A model process, or a rate limiter to ask before each batch: batches are handed over.
+    process = [InstanceWorker(_Process(), None, True, None)]  # type: ignore[arg-type]
+    assert isinstance(make_scheduler(config, process, drop, Timers(), "m"), DefaultScheduler)
+    limited = [InstanceWorker(_Echo(), None, True, None, (RateLimiter({}), Needs((), 0)))]  # type: ignore[arg-type]
+    assert isinstance(make_scheduler(config, limited, drop, Timers(), "m"), DefaultScheduler)
+    config.dynamic_batching.SetInParent()  # batchers hand batches over whatever the instances are
+    assert isinstance(make_scheduler(config, threaded, drop, Timers(), "m"), DynamicBatcher)
+
+
+def test_a_threaded_instance_serves_the_batches_it_takes_then_still_closes():
+    instance = _Echo()
+    results: list = []
+
+    class Sender(BatchSender):
+        def executed(self, times) -> None:
+            pass
+
+        def send(self, index: int, result, final: bool) -> None:
+            results.append((result["OUTPUT0"].tolist(), final))
+
+        def close_open(self, error) -> None:
+            pass
+
+    def request(i: int) -> InferRequest:
+        return InferRequest("m", None, [Tensor("INPUT0", DataType.FP32, (1, 2), np.full((1, 2), i, np.float32))])
+
+    batches = [(Batch([request(i)], True), Sender()) for i in range(3)]
+    instance.serve(lambda: batches.pop(0) if batches else None)
+    instance.close()  # after the served batches: serving ended when take() said so
+    assert results == [([[0.0, 0.0]], True), ([[1.0, 1.0]], True), ([[2.0, 2.0]], True)]

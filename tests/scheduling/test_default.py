@@ -4,11 +4,14 @@ the thread that has news (a submit, an executed batch, an instance with room aga
 import threading
 import time
 
+import pytest
+
+from naiad.errors import Unavailable
 from naiad.scheduling.base import Job
-from naiad.scheduling.default import DefaultScheduler
+from naiad.scheduling.default import DefaultScheduler, SharedQueueScheduler
 from naiad.scheduling.timers import Timers
 from naiad.types import InferRequest
-from scheduling.workers import FakeWorker, threads
+from scheduling.workers import FakeWorker, PullWorker, threads
 
 
 def _job(i: int, done: list | None = None) -> Job:
@@ -188,3 +191,94 @@ def test_an_instance_answering_inside_run_starts_the_next_job_without_deadlock()
         scheduler.submit(_job(i))
     scheduler.start()
     assert started == ["0", "1", "2"]
+
+
+# -- SharedQueueScheduler: the default scheduler for instances with threads of their own ----------
+
+
+def _shared(workers, dropped: list | None = None) -> SharedQueueScheduler:
+    drops = dropped if dropped is not None else []
+    return SharedQueueScheduler(workers, lambda job, error: drops.append((job, error)))
+
+
+def _wait_until(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return condition()
+
+
+def test_shared_queue_runs_every_job_once_alone_and_in_order_on_one_instance():
+    ran: list[list[str]] = []
+    scheduler = _shared([PullWorker(lambda jobs: ran.append([j.request.id for j in jobs]))])
+    scheduler.start()
+    for i in range(50):
+        scheduler.submit(_job(i))
+    assert _wait_until(lambda: len(ran) == 50)
+    scheduler.stop()
+    assert ran == [[str(i)] for i in range(50)]
+
+
+def test_shared_queue_an_idle_instance_takes_the_next_job_while_another_is_busy():
+    release = threading.Event()
+    slow: list[str] = []
+    fast: list[str] = []
+
+    def blocking(jobs: list[Job]) -> None:
+        slow.append(jobs[0].request.id)
+        release.wait(10)
+
+    scheduler = _shared([PullWorker(blocking), PullWorker(lambda jobs: fast.append(jobs[0].request.id))])
+    scheduler.start()
+    scheduler.submit(_job(0))
+    assert _wait_until(lambda: slow or fast)
+    for i in range(1, 20):
+        scheduler.submit(_job(i))
+    # One instance is stuck on a job; the other one serves every job after it.
+    assert _wait_until(lambda: len(slow) + len(fast) == 20)
+    assert len(slow) == 1
+    release.set()
+    scheduler.stop()
+
+
+def test_shared_queue_drops_a_cancelled_job_instead_of_running_it():
+    release = threading.Event()
+    ran: list[str] = []
+
+    def runner(jobs: list[Job]) -> None:
+        ran.append(jobs[0].request.id)
+        release.wait(10)
+
+    dropped: list = []
+    scheduler = _shared([PullWorker(runner)], dropped)
+    scheduler.start()
+    scheduler.submit(_job(0))
+    assert _wait_until(lambda: ran == ["0"])
+    gone, kept = _job(1), _job(2)
+    scheduler.submit(gone)
+    scheduler.submit(kept)
+    assert scheduler.pending() == 2  # queued behind the busy instance
+    gone.cancel()
+    release.set()
+    assert _wait_until(lambda: ran == ["0", "2"])
+    scheduler.stop()
+    assert dropped == [(gone, None)]
+
+
+def test_shared_queue_stop_runs_what_is_queued_waits_for_it_then_refuses_new_jobs():
+    ran: list[str] = []
+
+    def runner(jobs: list[Job]) -> None:
+        time.sleep(0.01)
+        ran.append(jobs[0].request.id)
+
+    worker = PullWorker(runner)
+    scheduler = _shared([worker])
+    scheduler.start()
+    for i in range(10):
+        scheduler.submit(_job(i))
+    scheduler.stop()  # returns once the instance executed everything it accepted
+    assert ran == [str(i) for i in range(10)]
+    assert worker.thread is not None and _wait_until(lambda: not worker.thread.is_alive(), 5)
+    with pytest.raises(Unavailable):
+        scheduler.submit(_job(10))

@@ -77,3 +77,20 @@ class FakeWorker:
             executed()
         assert self.on_room is not None
         self.on_room()
+
+
+class PullWorker:
+    """Like a framework backend's instance under the default scheduler (scheduling.base.PullingWorker):
+    its own thread takes the next jobs whenever it is idle and runs `runner(jobs)` (blocking)."""
+
+    def __init__(self, runner: Callable[[list[Job]], None]) -> None:
+        self.runner = runner
+        self.thread: threading.Thread | None = None
+
+    def pull(self, take: Callable[[], list[Job] | None]) -> None:
+        def serve() -> None:
+            while (jobs := take()) is not None:
+                self.runner(jobs)
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()

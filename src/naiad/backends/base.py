@@ -21,6 +21,9 @@ it is given:
 
 Framework backends whose `execute(batch)` blocks get the contract from `ThreadedInstance`
 (backends/threaded.py): one thread per instance runs their `execute` (or `execute_decoupled`).
+Such an instance `pulls`: under the default scheduler it is not handed batches but `serve`s,
+taking each next request from the model's one queue when its thread is idle (the same sender
+rules apply); batching schedulers still `submit`.
 The Python backend (model processes), the LLM engine and ensembles implement `submit` directly.
 """
 
@@ -237,6 +240,10 @@ class BatchSender(ABC):
         """Answer every request still open: with `error`, or an empty final response."""
 
 
+#: what `ModelInstance.serve` calls for its next batch (None: stop serving)
+Take = Callable[[], "tuple[Batch, BatchSender] | None"]
+
+
 class ModelInstance(ABC):
     """One execution context of a model: see the module docstring for the contract."""
 
@@ -246,9 +253,21 @@ class ModelInstance(ABC):
     #: the `reason` label of nv_inference_request_failure for a request that ran and failed
     failure_reason: str = "BACKEND"
 
+    #: whether `serve` works: the instance runs batches on a thread of its own, which can take
+    #: them from a queue it shares with the model's other instances
+    pulls: bool = False
+
     @abstractmethod
     def submit(self, batch: Batch, sender: BatchSender) -> bool:
         """Start executing `batch` without blocking; False (taking nothing) when it cannot now."""
+
+    def serve(self, take: Take) -> None:
+        """For instances that `pulls`: from now on, whenever idle, run the batch `take()` returns
+        (it blocks until there is one) until it returns None. Every other rule of `submit` holds
+        for those batches. This is how the default scheduler feeds instances that run on threads
+        of their own: idle threads take the next request from one shared queue, so a request
+        costs its submitter one put and no planning."""
+        raise NotImplementedError(f"{type(self).__name__} runs no thread of its own to serve from")
 
     def set_on_room(self, callback: Callable[[], None]) -> None:  # noqa: B027 - optional hook
         """`callback` (from any thread, holding no lock) once the instance can take batches again

@@ -3,7 +3,8 @@
 Framework backends (onnxruntime, torch, tensorflow, openvino, tensorrt, identity, repeat) write
 one synchronous method; `ThreadedInstance` turns it into the non-blocking `submit`: each instance
 has one thread that runs its batches one after the other. `submit` queues the batch and wakes the
-thread (the only hand-off per batch); the thread times the phases (gathering the inputs into one
+thread (the only hand-off per batch); `serve` has the thread take its batches from a queue the
+model's instances share instead; the thread times the phases (gathering the inputs into one
 array per tensor is compute_input, `execute` is compute_infer except for its final Batch.split of
 the outputs per request, which is compute_output), reports `executed`, then sends each request's
 result. A scheduler that
@@ -19,7 +20,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 
-from naiad.backends.base import Batch, BatchSender, ExecutionTimes, ModelInstance, Outputs, RequestResult
+from naiad.backends.base import Batch, BatchSender, ExecutionTimes, ModelInstance, Outputs, RequestResult, Take
 from naiad.errors import InternalError, NaiadError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,10 @@ class ThreadedInstance(ModelInstance):
     _thread: threading.Thread | None = None
     # C-implemented, so a batch's hand-off is one put and one get: a Condition around a deque
     # cost a Python-level lock allocation and notify per batch on the hot path
-    _work: queue.SimpleQueue[tuple[Batch, BatchSender] | None]
+    # batches, a `serve` source (the thread then takes its batches from it until it ends), or the end
+    _work: queue.SimpleQueue[tuple[Batch, BatchSender] | Take | None]
     _closing: bool = False
+    pulls = True
 
     @abstractmethod
     def execute(self, batch: Batch) -> Sequence[RequestResult]:
@@ -65,6 +68,11 @@ class ThreadedInstance(ModelInstance):
         self._work.put((batch, sender))
         return True
 
+    def serve(self, take: Take) -> None:
+        if self._thread is None:
+            self._start_thread()
+        self._work.put(take)
+
     def close(self) -> None:
         thread = self._thread
         if thread is None or self._closing:
@@ -86,23 +94,29 @@ class ThreadedInstance(ModelInstance):
     def _loop(self) -> None:
         get = self._work.get
         while (item := get()) is not None:
-            batch, sender = item
-            if self.decoupled:
-                self._run_decoupled(batch, sender)
-            else:
-                self._run(batch, sender)
+            if isinstance(item, tuple):
+                self._execute_one(*item)
+            else:  # serve: take batches from the scheduler's queue until it says stop
+                while (taken := item()) is not None:
+                    self._execute_one(*taken)
         # A submit that raced close() put its batch behind the end mark: answer it, never drop it.
         while True:
             try:
                 late = self._work.get_nowait()
             except queue.Empty:
                 return
-            if late is not None:
+            if isinstance(late, tuple):  # (a serve that came after close has nothing to answer)
                 batch, sender = late
                 now = time.monotonic_ns()
                 sender.executed(ExecutionTimes(now, now, now, now))
                 for index in range(len(batch.requests)):
                     sender.send(index, Unavailable(f"{self.thread_name} was closed"), True)
+
+    def _execute_one(self, batch: Batch, sender: BatchSender) -> None:
+        if self.decoupled:
+            self._run_decoupled(batch, sender)
+        else:
+            self._run(batch, sender)
 
     def _run(self, batch: Batch, sender: BatchSender) -> None:
         start = time.monotonic_ns()

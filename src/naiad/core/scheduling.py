@@ -10,9 +10,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BatchInput, RaggedLayout
 from naiad.core.sequence_settings import sequence_settings
+from naiad.core.worker import InstanceWorker
 from naiad.errors import InvalidArgument
 from naiad.scheduling.base import Drop, Job, ResponseSink, Scheduler, Worker
-from naiad.scheduling.default import DefaultScheduler
+from naiad.scheduling.default import DefaultScheduler, SharedQueueScheduler
 from naiad.scheduling.dynamic import BatcherSettings, DynamicBatcher, QueuePolicy
 from naiad.scheduling.sequence import SequenceBatcher
 from naiad.scheduling.timers import Timers
@@ -30,6 +31,9 @@ def make_scheduler(config: mc.ModelConfig, workers: Sequence[Worker], drop: Drop
         return SequenceBatcher(workers, sequence_settings(config, model_dir), drop, timers, name=name)
     if choice == "dynamic_batching":
         return DynamicBatcher(workers, batcher_settings(config), drop, timers, name=name)
+    pulling = [worker for worker in workers if isinstance(worker, InstanceWorker) and worker.pulls]
+    if pulling and len(pulling) == len(workers):
+        return SharedQueueScheduler(pulling, drop, name=name)
     return DefaultScheduler(workers, drop, timers, name=name)
 
 

@@ -1,7 +1,8 @@
 """One model instance as the schedulers drive it (scheduling.base.Worker): jobs in, a batch out.
 
 `InstanceWorker.run` turns the jobs a scheduler chose into a `Batch` and its `BatchDelivery`,
-takes the instance's rate-limiter resources (--rate-limit) if it has any, and submits the batch.
+takes the instance's rate-limiter resources (--rate-limit) if it has any, and submits the batch;
+`pull` has an instance with a thread of its own take its jobs from the scheduler instead.
 An instance that raises instead of answering fails the batch's requests; it never escapes into
 the scheduler.
 """
@@ -30,6 +31,25 @@ class InstanceWorker:
         self.depth = instance.depth
         self._limiter = limiter
         self._on_room: Callable[[], None] = _nothing
+
+    @property
+    def pulls(self) -> bool:
+        """Whether `pull` works: the instance has a thread of its own, and no rate limiter
+        needs to be asked before each batch."""
+        return self.instance.pulls and self._limiter is None
+
+    def pull(self, take: Callable[[], list[Job] | None]) -> None:
+        """Have the instance's thread run the jobs `take()` returns whenever it is idle."""
+        responder, batched, layout = self.responder, self.batched, self.layout
+
+        def take_batch() -> tuple[Batch, BatchDelivery] | None:
+            jobs = take()
+            if jobs is None:
+                return None
+            delivery = BatchDelivery(responder, jobs, _nothing)
+            return Batch([job.request for job in jobs], batched, layout, delivery.is_cancelled), delivery
+
+        self.instance.serve(take_batch)
 
     def set_on_room(self, callback: Callable[[], None]) -> None:
         self._on_room = callback

@@ -96,6 +96,15 @@ class Worker(Protocol):
         ...
 
 
+class PullingWorker(Protocol):
+    """A worker whose instance runs on a thread of its own, so it can fetch its own jobs."""
+
+    def pull(self, take: Callable[[], list[Job] | None]) -> None:
+        """Instead of `run`: the instance's thread runs the jobs `take()` returns (blocking until
+        there are some) whenever it is idle, until `take()` returns None."""
+        ...
+
+
 class Scheduler(ABC):
     @abstractmethod
     def start(self) -> None:
@@ -195,11 +204,28 @@ class PumpedScheduler(Scheduler):
                 self._held[executed] -= 1
                 if self._stopping:
                     self._idle.notify_all()
+                if not self._pumping and not self._queued():
+                    return  # the common case when load is light: nothing waits for the room
             if self._pumping or not self._running:
                 self._again = True
                 return
             self._pumping = True
             plan = self._take_plan()
+        self._drive(plan)
+
+    def _start_now(self, index: int, jobs: list[Job]) -> Plan:
+        """Under the lock, when no pump runs: become the pump with a plan that starts `jobs` on
+        worker `index` (a strategy's shortcut when it knows at submit what may start); the
+        caller then passes the plan to `_drive` outside the lock."""
+        self._pumping = True
+        self._held[index] += 1
+        plan = Plan()
+        plan.starts.append((index, jobs))
+        plan.rooms = self._room_calls.copy()
+        return plan
+
+    def _drive(self, plan: Plan | None) -> None:
+        """The pump's loop: carry out `plan`, then the plans of whatever arrived meanwhile."""
         try:
             while plan is not None:
                 for job, error in plan.drops:
@@ -275,6 +301,10 @@ class PumpedScheduler(Scheduler):
     def _plan(self, now: int) -> Plan:
         """Under the lock: take out what may start now (on free workers), what must be dropped,
         and when to look again."""
+
+    def _queued(self) -> bool:
+        """Under the lock: whether any job waits (False lets a finished batch skip planning)."""
+        return True
 
     @abstractmethod
     def _requeue(self, jobs: list[Job]) -> None:

@@ -1,17 +1,82 @@
 """Triton's default scheduler: each request runs alone, in arrival order, on an instance with room.
 
-A request starts at once from the thread that submits it when an instance has room (fewer than
-its depth of batches); otherwise it waits in one FIFO queue until an instance executes a batch
-or reports room again, which starts it from that thread. No thread of its own, no hand-off.
+Two implementations of the same rules, chosen by what the instances are:
+
+* `SharedQueueScheduler`, for instances that run on threads of their own (the framework
+  backends): requests wait in one C queue and each instance's thread takes the next one as soon
+  as it is idle. Submitting is one put: no lock, no planning, no hand-off beyond the queue.
+* `DefaultScheduler`, for the others (model processes, the LLM engine, rate-limited instances):
+  a request starts at once from the thread that submits it when an instance has room (fewer
+  than its depth of batches); otherwise it waits in one FIFO queue until an instance executes a
+  batch or reports room again, which starts it from that thread.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import queue
+import threading
 from collections.abc import Sequence
 
-from naiad.scheduling.base import Drop, Job, Plan, PumpedScheduler, Worker
+from naiad.errors import Unavailable
+from naiad.scheduling.base import STOP_WAIT_S, Drop, Job, Plan, PullingWorker, PumpedScheduler, Scheduler, Worker
 from naiad.scheduling.timers import Timers
+
+log = logging.getLogger(__name__)
+
+
+class SharedQueueScheduler(Scheduler):
+    """The default scheduler for workers that all `pull`."""
+
+    def __init__(self, workers: Sequence[PullingWorker], drop: Drop, name: str = "model") -> None:
+        self._workers = workers
+        self._drop = drop
+        self._name = name
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._serving = 0  # instance threads still taking jobs
+        self._done = threading.Condition(self._lock)
+
+    def start(self) -> None:
+        with self._lock:
+            self._serving = len(self._workers)
+        for worker in self._workers:
+            worker.pull(self._take)
+
+    def submit(self, job: Job) -> None:
+        # The lock keeps stop's end marks behind every job it accepted (uncontended but at stop).
+        with self._lock:
+            if self._stopped:
+                raise Unavailable(f"model '{self._name}' is unloading")
+            self._queue.put(job)
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def stop(self, wait: bool = True) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            for _ in range(self._serving):
+                self._queue.put(None)  # after the jobs queued: they run first
+            if wait and not self._done.wait_for(lambda: self._serving == 0, STOP_WAIT_S):
+                log.warning("scheduler of '%s': instances still busy after %g s", self._name, STOP_WAIT_S)
+
+    def _take(self) -> list[Job] | None:
+        """An idle instance's thread asks for its next job (blocking); None: stop serving."""
+        get = self._queue.get
+        while (job := get()) is not None:
+            if job.cancelled:
+                self._drop(job, None)  # nobody waits for this answer any more
+                continue
+            return [job]
+        with self._lock:
+            self._serving -= 1
+            self._done.notify_all()
+        return None
 
 
 class DefaultScheduler(PumpedScheduler):
@@ -21,8 +86,27 @@ class DefaultScheduler(PumpedScheduler):
 
     def submit(self, job: Job) -> None:
         with self._lock:
-            self._queue.append(job)
-        self._pump()
+            # An instance with room and nobody queued ahead: start the job here, without planning.
+            index = -1 if self._queue or self._pumping or not self._running else self._idle_worker()
+            if index < 0:
+                self._queue.append(job)
+            else:
+                plan = self._start_now(index, [job])
+        if index < 0:
+            self._pump()
+        else:
+            self._drive(plan)
+
+    def _idle_worker(self) -> int:
+        """Under the lock: the least busy worker with room, or -1."""
+        best, best_held = -1, 0
+        for index, held in enumerate(self._held):
+            if held < self._depths[index] and not self._refused[index] and (best < 0 or held < best_held):
+                best, best_held = index, held
+        return best
+
+    def _queued(self) -> bool:
+        return bool(self._queue)
 
     def pending(self) -> int:
         with self._lock:
