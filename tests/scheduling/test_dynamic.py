@@ -1,6 +1,9 @@
 """The dynamic batcher with a controllable fake instance: assertions on which jobs ran together,
-in what order, and on lower bounds of waiting, never on wall-clock luck."""
+in what order, and on lower bounds of waiting, never on wall-clock luck. Every test runs twice:
+with batches handed to the instances (model processes) and pulled by their threads (framework
+backends); the rules are the same."""
 
+import sys
 import threading
 import time
 
@@ -11,7 +14,7 @@ from naiad.scheduling.base import Job
 from naiad.scheduling.dynamic import TIMEOUT_DELAY, BatcherSettings, DynamicBatcher, QueuePolicy
 from naiad.scheduling.timers import Timers
 from naiad.types import InferRequest
-from scheduling.workers import ThreadWorker, threads
+from scheduling.workers import PullWorker, threads
 
 SECOND = 1_000_000_000
 
@@ -56,11 +59,28 @@ def _job(name: str, size: int = 1, priority: int = 0, timeout_ns: int = 0, shape
     return job
 
 
+FEEDING = "handed"
+
+
+@pytest.fixture(autouse=True, params=["handed", "pulled"])
+def feeding(request, monkeypatch):
+    """How the instances get their batches (see the module docstring)."""
+    monkeypatch.setattr(sys.modules[__name__], "FEEDING", request.param)
+    return request.param
+
+
+def _new(runners, settings: BatcherSettings, drop) -> DynamicBatcher:
+    """A batcher over one instance per runner, fed as this run of the test says."""
+    if FEEDING == "pulled":
+        pullers = [PullWorker(runner) for runner in runners]
+        return DynamicBatcher(pullers, settings, drop, Timers(), pullers=pullers)
+    return DynamicBatcher(threads(*runners), settings, drop, Timers())
+
+
 def _batcher(instance, dropped=None, instances: int = 1, **settings) -> DynamicBatcher:
     settings.setdefault("max_batch_size", 8)
-    batcher = DynamicBatcher([ThreadWorker(instance) for _ in range(instances)], BatcherSettings(**settings),
-                             lambda job, error: (dropped if dropped is not None else []).append((job, error)),
-                             Timers())
+    drop = lambda job, error: (dropped if dropped is not None else []).append((job, error))  # noqa: E731
+    batcher = _new([instance] * instances, BatcherSettings(**settings), drop)
     batcher.start()
     return batcher
 
@@ -233,8 +253,7 @@ def test_preserve_ordering_delivers_responses_in_arrival_order():
         if jobs[0].request.id == "second":
             second_answered.set()
 
-    batcher = DynamicBatcher(threads(runner, runner), BatcherSettings(max_batch_size=1, preserve_ordering=True),
-                             lambda job, error: None, Timers())
+    batcher = _new([runner, runner], BatcherSettings(max_batch_size=1, preserve_ordering=True), lambda job, error: None)
     batcher.start()
     batcher.submit(_job("first", sink=delivered.append))
     assert slow_started.wait(5)
@@ -257,8 +276,7 @@ def test_stop_runs_what_is_queued_without_waiting_for_the_delay():
 def test_preserve_ordering_does_not_wait_for_a_cancelled_request():
     delivered: list[str] = []
     instance = Instance()
-    batcher = DynamicBatcher(threads(instance), BatcherSettings(max_batch_size=8, preserve_ordering=True),
-                             lambda job, error: None, Timers())
+    batcher = _new([instance], BatcherSettings(max_batch_size=8, preserve_ordering=True), lambda job, error: None)
     batcher.start()
     _busy(batcher, instance)
     gone, kept = _job("gone", size=8, sink=delivered.append), _job("kept", size=8, sink=delivered.append)
@@ -274,7 +292,7 @@ def test_preserve_ordering_survives_a_rejected_request():
     delivered: list[str] = []
     instance = Instance()
     settings = BatcherSettings(max_batch_size=8, preserve_ordering=True, default_policy=QueuePolicy(max_queue_size=1))
-    batcher = DynamicBatcher(threads(instance), settings, lambda job, error: None, Timers())
+    batcher = _new([instance], settings, lambda job, error: None)
     batcher.start()
     _busy(batcher, instance)
     batcher.submit(_job("kept", size=8, sink=delivered.append))

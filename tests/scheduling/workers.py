@@ -83,9 +83,17 @@ class PullWorker:
     """Like a framework backend's instance under the default scheduler (scheduling.base.PullingWorker):
     its own thread takes the next jobs whenever it is idle and runs `runner(jobs)` (blocking)."""
 
+    depth = 1
+
     def __init__(self, runner: Callable[[list[Job]], None]) -> None:
         self.runner = runner
         self.thread: threading.Thread | None = None
+
+    def run(self, jobs: list[Job], executed: Callable[[], None]) -> bool:
+        raise AssertionError("a pulling worker is never handed batches")
+
+    def set_on_room(self, callback: Callable[[], None]) -> None:
+        pass
 
     def pull(self, take: Callable[[], list[Job] | None]) -> None:
         def serve() -> None:

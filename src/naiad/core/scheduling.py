@@ -29,10 +29,13 @@ def make_scheduler(config: mc.ModelConfig, workers: Sequence[Worker], drop: Drop
     choice = config.WhichOneof("scheduling_choice")
     if choice == "sequence_batching":
         return SequenceBatcher(workers, sequence_settings(config, model_dir), drop, timers, name=name)
-    if choice == "dynamic_batching":
-        return DynamicBatcher(workers, batcher_settings(config), drop, timers, name=name)
+    # Instances with threads of their own take their work themselves when idle (all or none do).
     pulling = [worker for worker in workers if isinstance(worker, InstanceWorker) and worker.pulls]
-    if pulling and len(pulling) == len(workers):
+    if len(pulling) != len(workers):
+        pulling = []
+    if choice == "dynamic_batching":
+        return DynamicBatcher(workers, batcher_settings(config), drop, timers, name=name, pullers=pulling)
+    if pulling:
         return SharedQueueScheduler(pulling, drop, name=name)
     return DefaultScheduler(workers, drop, timers, name=name)
 

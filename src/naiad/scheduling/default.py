@@ -4,7 +4,8 @@ Two implementations of the same rules, chosen by what the instances are:
 
 * `SharedQueueScheduler`, for instances that run on threads of their own (the framework
   backends): requests wait in one C queue and each instance's thread takes the next one as soon
-  as it is idle. Submitting is one put: no lock, no planning, no hand-off beyond the queue.
+  as it is idle. Submitting is one put (under a lock only stop contends for): no planning,
+  no hand-off beyond the queue.
 * `DefaultScheduler`, for the others (model processes, the LLM engine, rate-limited instances):
   a request starts at once from the thread that submits it when an instance has room (fewer
   than its depth of batches); otherwise it waits in one FIFO queue until an instance executes a

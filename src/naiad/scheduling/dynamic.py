@@ -12,18 +12,26 @@ ModelDynamicBatching):
   oldest request has waited less than max_queue_delay, wait for more (a timer looks again when
   the delay ends); else send what there is.
 
-There is no dispatcher thread (see base.PumpedScheduler): a submit, an instance that finished a
-batch, or the delay's timer forms the batch from its own thread.
+There is no dispatcher thread. Instances that run on threads of their own (the framework
+backends) pull: an idle instance's thread forms its next batch itself, when it is ready to run
+it, from everything queued until that moment (late binding: a batch formed earlier, on another
+thread, would leave behind the requests that arrive while the instance's thread wakes up).
+Other instances (model processes, the LLM engine, rate-limited ones) are driven by the pump (see
+base.PumpedScheduler): a submit, an instance that finished a batch, or the delay's timer forms
+the batch from its own thread. Either way the pump rejects or delays jobs whose timeout passed
+while every instance is busy.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from naiad.errors import Unavailable
-from naiad.scheduling.base import Drop, Job, Plan, PumpedScheduler, Worker
+from naiad.scheduling.base import Drop, Job, Plan, PullingWorker, PumpedScheduler, Worker
 from naiad.scheduling.ordering import InOrder
 from naiad.scheduling.timers import Timers
 
@@ -67,8 +75,12 @@ class BatcherSettings:
 
 class DynamicBatcher(PumpedScheduler):
     def __init__(self, workers: Sequence[Worker], settings: BatcherSettings, drop: Drop, timers: Timers,
-                 name: str = "model") -> None:
+                 name: str = "model", pullers: Sequence[PullingWorker] = ()) -> None:
+        """`pullers`: the same workers, when every one of them can pull (see the module docstring)."""
         super().__init__(workers, drop, timers, name, depth_limit=1)
+        self._pullers = pullers
+        self._serving = 0  # pulling threads that have not stopped
+        self._changed = threading.Condition(self._lock)  # a job queued, or stopping: pullers look again
         self._settings = settings
         levels = range(1, settings.priority_levels + 1) if settings.priority_levels else [0]
         self._queues: dict[int, collections.deque[Job]] = {level: collections.deque() for level in levels}
@@ -93,7 +105,24 @@ class DynamicBatcher(PumpedScheduler):
             if job.deadline_ns:
                 self._deadlines += 1
             queue.append(job)
+            if self._pullers:
+                self._changed.notify()
+                if not job.deadline_ns:
+                    return  # an idle puller takes it; the pump is only needed for timeouts
         self._pump()
+
+    def start(self) -> None:
+        with self._lock:
+            self._serving = len(self._pullers)
+        super().start()
+        for worker in self._pullers:
+            worker.pull(self._next_batch)
+
+    def stop(self, wait: bool = True) -> None:
+        with self._lock:
+            self._stopping = True  # pullers send what is queued without delay, then stop
+            self._changed.notify_all()
+        super().stop(wait)
 
     def pending(self) -> int:
         with self._lock:
@@ -101,10 +130,13 @@ class DynamicBatcher(PumpedScheduler):
 
     # -- PumpedScheduler -----------------------------------------------------------------------
 
+    def _quiet(self) -> bool:
+        return super()._quiet() and not self._serving
+
     def _plan(self, now: int) -> Plan:
         plan = Plan()
         wake = self._expire(now, plan.drops) if self._deadlines or self._any_cancelled() else 0
-        for index in self._free_workers():
+        for index in () if self._pullers else self._free_workers():  # pullers form their own batches
             if not self._has_jobs():
                 break
             count, wait_ns = self._form(now)
@@ -113,11 +145,50 @@ class DynamicBatcher(PumpedScheduler):
                 break
             plan.starts.append((index, self._take(count)))
         plan.wake_ns = wake
+        self._skip_turns(plan.drops)
+        return plan
+
+    def _skip_turns(self, drops: list[tuple[Job, Exception | None]]) -> None:
         if self._ordering is not None:
-            for job, error in plan.drops:
+            for job, error in drops:
                 if error is None:
                     self._ordering.skip(job.sink)  # no answer will come: later ones must not wait for it
-        return plan
+
+    # -- pulling instances ---------------------------------------------------------------------
+
+    def _next_batch(self) -> list[Job] | None:
+        """An idle pulling instance's thread: block until a batch is due and take it; None once
+        stopping with nothing left."""
+        while True:
+            drops: list[tuple[Job, Exception | None]] = []
+            with self._lock:
+                jobs = self._due(drops)
+                self._skip_turns(drops)
+            for job, error in drops:  # answered outside the lock
+                self._drop(job, error)
+            if jobs is None or jobs:
+                return jobs
+
+    def _due(self, drops: list[tuple[Job, Exception | None]]) -> list[Job] | None:
+        """Under the lock: the batch due now (waiting for it), [] after taking out jobs to drop,
+        None when stopping with nothing queued."""
+        while True:
+            now = time.monotonic_ns()
+            if self._deadlines or self._any_cancelled():
+                self._expire(now, drops)
+                if drops:
+                    return []
+            if not self._has_jobs():
+                if self._stopping:
+                    self._serving -= 1
+                    self._idle.notify_all()
+                    return None
+                self._changed.wait()
+                continue
+            count, wait_ns = self._form(now)
+            if count:
+                return self._take(count)
+            self._changed.wait(wait_ns / 1e9)
 
     def _requeue(self, jobs: list[Job]) -> None:
         for job in reversed(jobs):
