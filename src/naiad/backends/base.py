@@ -21,9 +21,9 @@ it is given:
 
 Framework backends whose `execute(batch)` blocks get the contract from `ThreadedInstance`
 (backends/threaded.py): one thread per instance runs their `execute` (or `execute_decoupled`).
-Such an instance `pulls`: under the default scheduler it is not handed batches but `serve`s,
-taking each next request from the model's one queue when its thread is idle (the same sender
-rules apply); batching schedulers still `submit`.
+Such an instance `pulls`: under the default scheduler and the dynamic batcher it is not handed
+batches but `serve`s, taking its next batch itself when its thread is idle (the same sender rules
+apply); the sequence batcher and rate-limited instances still `submit`.
 The Python backend (model processes), the LLM engine and ensembles implement `submit` directly.
 """
 
@@ -264,9 +264,9 @@ class ModelInstance(ABC):
     def serve(self, take: Take) -> None:
         """For instances that `pulls`: from now on, whenever idle, run the batch `take()` returns
         (it blocks until there is one) until it returns None. Every other rule of `submit` holds
-        for those batches. This is how the default scheduler feeds instances that run on threads
-        of their own: idle threads take the next request from one shared queue, so a request
-        costs its submitter one put and no planning."""
+        for those batches. This is how the default scheduler (one shared queue: a request costs
+        its submitter one put) and the dynamic batcher (a batch forms when a thread is ready to
+        run it) feed instances that run on threads of their own."""
         raise NotImplementedError(f"{type(self).__name__} runs no thread of its own to serve from")
 
     def set_on_room(self, callback: Callable[[], None]) -> None:  # noqa: B027 - optional hook

@@ -88,7 +88,8 @@ class DefaultScheduler(PumpedScheduler):
     def submit(self, job: Job) -> None:
         with self._lock:
             # An instance with room and nobody queued ahead: start the job here, without planning.
-            index = -1 if self._queue or self._pumping or not self._running else self._idle_worker()
+            free = [] if self._queue or self._pumping or not self._running else self._free_workers()
+            index = free[0] if free else -1
             if index < 0:
                 self._queue.append(job)
             else:
@@ -97,14 +98,6 @@ class DefaultScheduler(PumpedScheduler):
             self._pump()
         else:
             self._drive(plan)
-
-    def _idle_worker(self) -> int:
-        """Under the lock: the least busy worker with room, or -1."""
-        best, best_held = -1, 0
-        for index, held in enumerate(self._held):
-            if held < self._depths[index] and not self._refused[index] and (best < 0 or held < best_held):
-                best, best_held = index, held
-        return best
 
     def _queued(self) -> bool:
         return bool(self._queue)
