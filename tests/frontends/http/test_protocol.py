@@ -163,3 +163,84 @@ def test_an_idle_keep_alive_connection_is_closed():
         return transport
 
     assert asyncio.run(main()).closed
+
+
+class _Later:
+    """A dispatch_now that answers /now inside the call, /later from a later loop callback (as
+    an inference's response arrives), and hands anything else to the task path."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.cancelled: list[str] = []
+
+    def __call__(self, method, path, headers, body, answer):
+        self.calls.append(path)
+        if path == "/now":
+            answer(Reply(400, b"refused at once", b"text/plain"), [])
+            return lambda: None
+        if path.startswith("/later"):
+            asyncio.get_running_loop().call_later(0.005, answer, Reply(200, path.encode(), b"text/plain"), [])
+            return lambda: self.cancelled.append(path)
+        return _echo_path(method, path, headers, body)
+
+
+def _protocol(dispatch_now: _Later) -> tuple[HttpProtocol, FakeTransport]:
+    transport = FakeTransport()
+    protocol = HttpProtocol(_echo_path, 1 << 20, Connections(), dispatch_now=dispatch_now)
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
+def test_requests_answered_without_a_task_keep_their_order():
+    later = _Later()
+
+    async def main() -> FakeTransport:
+        protocol, transport = _protocol(later)
+        protocol.data_received(b"GET /later1 HTTP/1.1\r\nHost: x\r\n\r\nGET /now HTTP/1.1\r\nHost: x\r\n\r\n"
+                               b"GET /task HTTP/1.1\r\nHost: x\r\n\r\nGET /later2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(100):
+            if transport.data.count(b"HTTP/1.1 ") == 4:
+                break
+            await asyncio.sleep(0.002)
+        return transport
+
+    data = asyncio.run(main()).data
+    order = [data.index(b"/later1"), data.index(b"refused at once"), data.index(b"GET /task 0"), data.index(b"/later2")]
+    assert order == sorted(order) and later.calls == ["/later1", "/now", "/task", "/later2"]
+
+
+def test_requests_are_dispatched_once_the_loop_has_read_every_ready_connection():
+    """Each connection's read only queues its request; the dispatches run after them, from the
+    loop's next callbacks (an instance's thread woken by the first submit would otherwise
+    fight the reading thread for the GIL)."""
+    later = _Later()
+
+    async def main() -> None:
+        connections = [_protocol(later) for _ in range(3)]
+        for index, (protocol, _) in enumerate(connections):
+            protocol.data_received(b"GET /later%d HTTP/1.1\r\nHost: x\r\n\r\n" % index)
+        assert later.calls == []
+        await asyncio.sleep(0)
+        assert later.calls == ["/later0", "/later1", "/later2"]
+        await asyncio.sleep(0.02)
+        assert all(transport.data.startswith(b"HTTP/1.1 200 OK") for _, transport in connections)
+
+    asyncio.run(main())
+
+
+def test_a_client_gone_before_its_dispatch_starts_nothing_and_one_gone_after_cancels():
+    later = _Later()
+
+    async def main() -> None:
+        early, _ = _protocol(later)
+        early.data_received(b"GET /later-early HTTP/1.1\r\nHost: x\r\n\r\n")
+        early.connection_lost(None)
+        gone, transport = _protocol(later)
+        gone.data_received(b"GET /later-gone HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0)
+        gone.connection_lost(None)
+        await asyncio.sleep(0.02)
+        assert transport.data == b""
+
+    asyncio.run(main())
+    assert later.calls == ["/later-gone"] and later.cancelled == ["/later-gone"]

@@ -333,19 +333,29 @@ class HttpProtocol(asyncio.Protocol):
             return
         path = _path(request.url)
         body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
-        if self.dispatch_now is None:
-            work = self.dispatch(request.method, path, request.headers, body)
-        else:
-            waiting = _Waiting(self, keep_alive)
-            started = self.dispatch_now(request.method, path, request.headers, body, waiting.answer)
-            if waiting.answered:  # inside dispatch_now: an error, a refusal
-                return
-            if callable(started):  # a canceller: not a coroutine (nor any awaitable we are given)
-                waiting.cancel = started
-                self.waiting = waiting  # its answer comes later, from the event loop
-                return
-            work = started
+        if self.dispatch_now is not None:
+            # Dispatched from a callback of its own, once this turn of the loop has read every
+            # connection that is ready: submitting at once woke an instance's thread that then
+            # fought this one for the GIL between reads (one more context switch per request and
+            # 10-20 % fewer inferences/s at 32 connections; docs/benchmarks.md, 2026-12-04 evening).
+            waiting = self.waiting = _Waiting(self, keep_alive)
+            asyncio.get_running_loop().call_soon(self._dispatch, request, path, body, waiting)
+            return
+        work = self.dispatch(request.method, path, request.headers, body)
         self.task = asyncio.get_running_loop().create_task(self._run(request, work, keep_alive))
+
+    def _dispatch(self, request: _Request, path: str, body: bytes, waiting: _Waiting) -> None:
+        """Start a request through `dispatch_now`; it is this connection's `waiting` meanwhile."""
+        if self.transport is None or self.dispatch_now is None:
+            return  # the client went away before its turn
+        started = self.dispatch_now(request.method, path, request.headers, body, waiting.answer)
+        if waiting.answered:  # inside dispatch_now (an error, a refusal): answer moved on already
+            return
+        if callable(started):  # a canceller: not a coroutine (nor any awaitable we are given)
+            waiting.cancel = started  # its answer comes later, from the event loop
+            return
+        self.waiting = None
+        self.task = asyncio.get_running_loop().create_task(self._run(request, started, waiting.keep_alive))
 
     def _answered_later(self) -> None:
         """A request answered without a task got its reply (written already): on to the next."""
@@ -447,7 +457,7 @@ class _Waiting:
         self.answered = True
         protocol = self.protocol
         protocol._write(reply, extra, self.keep_alive)
-        if protocol.waiting is self:  # answered later (not from inside dispatch_now): the next one
+        if protocol.waiting is self:  # still this connection's request in hand: on to the next
             protocol._answered_later()
 
 
