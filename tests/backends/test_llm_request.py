@@ -111,3 +111,21 @@ def test_held_back_text_goes_out_once_it_cannot_be_a_stop_string() -> None:
 
 def test_the_earliest_of_several_stop_strings_wins() -> None:
     assert _run(["b", "a"], ["xxab"]) == (["xx"], True)
+
+
+def test_include_stop_str_keeps_the_stop_string_and_cuts_after_it() -> None:
+    stops = StopStrings(["END"], include=True)
+    assert stops.push("one EN") == ("one ", False)  # could still become END: held back
+    assert stops.push("D two") == ("END", True)
+    shortest = StopStrings(["ab", "abc"], include=True)
+    assert shortest.push("xxabcd") == ("xxab", True)  # of two starting at one place, the shorter ends first
+
+
+def test_a_mapping_is_a_json_object_given_as_a_string() -> None:
+    values = RequestValues(_request({"chat_template_kwargs": '{"enable_thinking": false}', "bad": "[1]",
+                                     "broken": "{"}))
+    assert values.mapping("chat_template_kwargs") == {"enable_thinking": False}
+    assert values.mapping("absent") == {}
+    for name in ("bad", "broken"):
+        with pytest.raises(InvalidArgument, match=f"'{name}' must be a JSON object"):
+            values.mapping(name)

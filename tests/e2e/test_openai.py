@@ -89,6 +89,13 @@ def test_invalid_temperature_is_a_bad_request(client: openai.OpenAI, stream: boo
     ({"n": 0}, "'n' must be"),
     ({"top_logprobs": 2}, "needs 'logprobs' true"),
     ({"stream_options": {"include_usage": True}}, "only allowed with 'stream' true"),
+    ({"extra_body": {"continue_final_message": True}}, "needs add_generation_prompt false"),
+    ({"extra_body": {"continue_final_message": True, "add_generation_prompt": False}},
+     "needs a last message from the assistant"),
+    ({"extra_body": {"add_generation_prompt": "yes"}}, "'add_generation_prompt' must be true or false"),
+    ({"extra_body": {"chat_template_kwargs": [1]}}, "'chat_template_kwargs' must be an object"),
+    ({"extra_body": {"chat_template_kwargs": {"messages": []}}}, "may not set 'messages'"),
+    ({"extra_body": {"include_stop_str_in_output": 1}}, "'include_stop_str_in_output' must be true or false"),
 ])
 def test_unsupported_or_bad_settings_are_bad_requests(client: openai.OpenAI, extra: dict[str, Any],
                                                       message: str) -> None:
@@ -255,3 +262,41 @@ def test_a_batch_of_prompts_answers_each_in_order(client: openai.OpenAI) -> None
     assert [choice.index for choice in batch.choices] == [0, 1, 2, 3]
     assert [choice.text for choice in batch.choices] == [alone[0].choices[0].text] * 2 + [alone[1].choices[0].text] * 2
     assert batch.usage.prompt_tokens == sum(single.usage.prompt_tokens for single in alone)
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(client: openai.OpenAI) -> None:
+    whole = _ask(client, stream=False).choices[0].message.content
+    assert "Paris" in whole
+    expected = whole[: whole.index("Paris") + len("Paris")]
+    for stream in (False, True):
+        answer = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=20,
+                                                stop="Paris", stream=stream,
+                                                extra_body={"include_stop_str_in_output": True})
+        text = ("".join(c.choices[0].delta.content or "" for c in answer if c.choices) if stream
+                else answer.choices[0].message.content)
+        assert text == expected
+
+
+def test_chat_template_controls_shape_the_prompt(client: openai.OpenAI, tokenizer: Tokenizer) -> None:
+    """usage.prompt_tokens counts the prompt the backend rendered: without the generation prompt
+    it is the template's text with add_generation_prompt false; continuing a final assistant
+    message ends the prompt right after that message's text, and the answer carries on from it."""
+    def prompt_tokens(messages: list[dict[str, str]], **extra: Any) -> int:
+        answer = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=1,
+                                                extra_body=extra)
+        return answer.usage.prompt_tokens
+
+    bare = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=False)
+    assert prompt_tokens(QUESTION, add_generation_prompt=False) == len(tokenizer.encode(bare))
+    assert prompt_tokens(QUESTION) == len(tokenizer.encode(tokenizer.apply_chat_template(QUESTION)))
+    started = [*QUESTION, {"role": "assistant", "content": "The capital of France is"}]
+    rendered = tokenizer.apply_chat_template(started, add_generation_prompt=False)
+    continued = rendered[: rendered.rindex("is") + 2]
+    assert prompt_tokens(started, add_generation_prompt=False, continue_final_message=True) == len(
+        tokenizer.encode(continued))
+    answer = client.chat.completions.create(model=MODEL, messages=started, temperature=0, max_tokens=5,
+                                            extra_body={"add_generation_prompt": False,
+                                                        "continue_final_message": True})
+    assert "Paris" in answer.choices[0].message.content
+    # chat_template_kwargs reach the template: a variable SmolLM2's template does not read changes nothing
+    assert prompt_tokens(QUESTION, chat_template_kwargs={"enable_thinking": False}) == prompt_tokens(QUESTION)

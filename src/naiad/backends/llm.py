@@ -22,7 +22,12 @@ outputs (the builder needs each requested output in each response).
 With the request parameter `apply_chat_template` true, `text_input` is instead a JSON array of
 chat messages ({"role", "content"}) that the backend renders with its tokenizer's chat template
 (generation prompt added). This is how the OpenAI frontend asks for a chat completion: frontends
-may not import naiad.llm, and the template belongs to the model the backend loaded.
+may not import naiad.llm, and the template belongs to the model the backend loaded. vLLM's
+controls apply then: `add_generation_prompt` (default true), `continue_final_message` (the prompt
+ends inside the last message, an assistant's, so the model continues it; needs
+`add_generation_prompt` false), and `chat_template_kwargs` (a JSON object of extra template
+variables, e.g. Qwen3's `enable_thinking`). `include_stop_str_in_output` keeps the stop string
+that ended the text.
 
 Config parameters: `model` (a Hugging Face directory, a `.gguf` file, a path relative to the
 version directory, or "bundled:smollm2"), the engine's settings by their EngineConfig names
@@ -67,7 +72,7 @@ from naiad.llm.engine.llm_engine import EngineConfig
 from naiad.llm.engine.sampling_params import SamplingParams
 from naiad.llm.engine.sequence import FinishReason, TokenLogprobs
 from naiad.llm.loading import gguf
-from naiad.llm.loading.tokenizer import IncrementalDetokenizer, Tokenizer
+from naiad.llm.loading.tokenizer import TEMPLATE_VARIABLES, IncrementalDetokenizer, Tokenizer
 from naiad.observability.metrics import MetricRow
 from naiad.observability.statistics import Histogram
 from naiad.types import InferRequest, RequestedOutput
@@ -377,7 +382,7 @@ class LLMInstance(ModelInstance):
         values = RequestValues(request)
         text = values.text(TEXT_INPUT)
         if values.boolean("apply_chat_template", False):
-            text = self._chat_prompt(text)
+            text = self._chat_prompt(text, values)
         prompt = self.tokenizer.encode(text)
         if not prompt:
             raise InvalidArgument("text_input is empty")
@@ -413,7 +418,8 @@ class LLMInstance(ModelInstance):
         stops = values.strings("stop")
         return _Request(send, cancelled, prompt, max_tokens, sampling, values.boolean("ignore_eos", False),
                         values.boolean("stream", False), self.tokenizer.detokenizer(),
-                        StopStrings(stops) if stops else None, frozenset(returns))
+                        StopStrings(stops, values.boolean("include_stop_str_in_output", False)) if stops else None,
+                        frozenset(returns))
 
     def _returns(self, request: InferRequest, values: RequestValues) -> set[str]:
         """The extra outputs the request asks for; one the config does not declare is a 400."""
@@ -440,18 +446,37 @@ class LLMInstance(ModelInstance):
         binary = {"binary_data": True} if request.parameters.get("binary_data_output") is True else {}
         request.outputs = [RequestedOutput(name, dict(binary)) for name in [TEXT_OUTPUT, *sorted(returns)]]
 
-    def _chat_prompt(self, messages_json: str) -> str:
-        """The prompt for a JSON array of chat messages, rendered with the model's chat template."""
+    def _chat_prompt(self, messages_json: str, values: RequestValues) -> str:
+        """The prompt for a JSON array of chat messages, rendered with the model's chat template
+        and the request's template controls (as vLLM reads them)."""
         try:
             messages = json.loads(messages_json)
         except ValueError:
             raise InvalidArgument("with apply_chat_template, text_input must be a JSON array of messages") from None
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise InvalidArgument("with apply_chat_template, text_input must be a JSON array of message objects")
+        generation_prompt = values.boolean("add_generation_prompt", True)
+        continuing = values.boolean("continue_final_message", False)
+        if continuing and generation_prompt:
+            raise InvalidArgument("continue_final_message needs add_generation_prompt false (as vLLM)")
+        variables = values.mapping("chat_template_kwargs")
+        reserved = sorted(set(variables) & TEMPLATE_VARIABLES)
+        if reserved:
+            raise InvalidArgument(f"chat_template_kwargs may not set '{reserved[0]}': the server sets it")
+        final = messages[-1].get("content") if messages else None
+        if continuing and (messages[-1].get("role") != "assistant" or not isinstance(final, str) or not final):
+            raise InvalidArgument("continue_final_message needs a last message from the assistant with text")
         try:
-            return self.tokenizer.apply_chat_template(messages)
-        except ValueError as error:
+            prompt = self.tokenizer.apply_chat_template(messages, generation_prompt, **variables)
+        except (ValueError, TypeError) as error:
             raise InvalidArgument(str(error)) from None
+        if continuing:  # end right after the final message's text, before the template closes it
+            assert isinstance(final, str)
+            end = prompt.rfind(final)
+            if end < 0:
+                raise InvalidArgument("continue_final_message: the chat template changed the last message's text")
+            prompt = prompt[: end + len(final)]
+        return prompt
 
     # ------------------------------------------------------------------------ the core's outputs
 

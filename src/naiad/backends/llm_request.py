@@ -17,6 +17,8 @@ REQUEST_PARAMETERS = frozenset({
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "stream", "apply_chat_template",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "stop", "stop_token_ids",
     "min_tokens", "return_finish_reason", "return_num_tokens", "return_logprobs",
+    # vLLM's chat-template controls (with apply_chat_template) and stop-string option
+    "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "include_stop_str_in_output",
 })
 #: request parameters the server itself reads and passes along; `id` is how /generate maps its
 #: key, the `triton_` ones are Triton's reserved keys
@@ -31,17 +33,20 @@ class StopStrings:
     become a stop string is held back (a match can then never start in text already out).
     """
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], include: bool = False) -> None:
         self.stops = stops
+        self.include = include  # the stop string itself goes out (vLLM's include_stop_str_in_output)
         self.longest = max(map(len, stops))
         self.pending = ""
 
     def push(self, text: str, final: bool = False) -> tuple[str, bool]:
         buffer = self.pending + text
         self.pending = ""
-        found = [index for index in (buffer.find(stop) for stop in self.stops) if index >= 0]
+        # the earliest match; of several starting there, the shortest (it completes first)
+        found = [(index, len(stop)) for index, stop in ((buffer.find(stop), stop) for stop in self.stops) if index >= 0]
         if found:
-            return buffer[: min(found)], True
+            index, size = min(found)
+            return buffer[: index + size if self.include else index], True
         if not final:
             held = self._held(buffer)
             if held:
@@ -116,6 +121,20 @@ class RequestValues:
             return default
         if not isinstance(value, bool):
             raise InvalidArgument(f"'{name}' must be true or false, got {value!r}")
+        return value
+
+    def mapping(self, name: str) -> dict[str, Any]:
+        """A JSON object (request parameters hold no objects: a string of one); {} when absent."""
+        value = self._get(name)
+        if value is None:
+            return {}
+        if isinstance(value, bytes | str):
+            try:
+                value = json.loads(value)
+            except (ValueError, RecursionError):
+                raise InvalidArgument(f"'{name}' must be a JSON object") from None
+        if not isinstance(value, dict):
+            raise InvalidArgument(f"'{name}' must be a JSON object, got {value!r}")
         return value
 
     def strings(self, name: str) -> list[str]:

@@ -12,7 +12,9 @@ client wants them, logprobs (with the token strings: the tokenizer is the backen
 `stream_options.include_usage` a last chunk with the usage.
 
 A message's `content` may be an array of text parts (joined by newlines, as vLLM); `prompt` may be
-an array of strings (choice `p * n + i` is the i-th of prompt p's, as OpenAI orders them).
+an array of strings (choice `p * n + i` is the i-th of prompt p's, as OpenAI orders them). vLLM's
+`add_generation_prompt`, `continue_final_message`, `chat_template_kwargs` (chat) and
+`include_stop_str_in_output` go to the backend, which renders the template.
 Fields that would change the answer but are not supported (tools, a response_format other than
 text, echo, suffix, best_of > 1, a non-empty logit_bias) are a 400, as is any field this module
 does not know; the metadata fields clients commonly send (user, metadata, store, ...) are
@@ -54,10 +56,13 @@ MAX_LOGPROBS = 20  # as vLLM (OpenAI's completions allow 5, chat's top_logprobs 
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
            "presence_penalty", "frequency_penalty", "logprobs", "logit_bias",
            # vLLM's extensions
-           "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids"}
+           "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
+           "include_stop_str_in_output"}
 _COMPLETION_ONLY = {"prompt", "echo", "suffix", "best_of"}
 _CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
-              "function_call", "response_format", "parallel_tool_calls"}
+              "function_call", "response_format", "parallel_tool_calls",
+              # vLLM's chat-template controls, rendered by the backend
+              "add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
 # Accepted and ignored: they do not change the answer.
 _IGNORED = {"user", "metadata", "store", "service_tier"}
 # Passed to the backend as they are (it checks them and words the errors as through /generate).
@@ -157,6 +162,7 @@ class _Call:
         parameters.update(stream=stream, return_finish_reason=True, return_num_tokens=not stream or include_usage)
         if chat:
             parameters["apply_chat_template"] = True
+            parameters.update(_template_controls(body))
         if logprobs is not None:
             parameters["logprobs"] = logprobs
         requests = []  # choice p * n + i is the i-th of prompt p's, as OpenAI orders them
@@ -346,11 +352,27 @@ def _sampling(body: Body) -> dict[str, Any]:
             raise InvalidArgument(f"'stop' must be a non-empty string or an array of up to {MAX_STOP} of them")
         if stops:
             parameters["stop"] = json.dumps(stops)  # request parameters hold no lists
+    if body.get("include_stop_str_in_output") is not None:
+        parameters["include_stop_str_in_output"] = _boolean(body, "include_stop_str_in_output")
     stop_token_ids = body.get("stop_token_ids")
     if stop_token_ids:
         if not isinstance(stop_token_ids, list):
             raise InvalidArgument("'stop_token_ids' must be an array of token ids")
         parameters["stop_token_ids"] = json.dumps(stop_token_ids)
+    return parameters
+
+
+def _template_controls(body: Body) -> dict[str, Any]:
+    """vLLM's chat-template fields as the backend's parameters (it checks how they combine)."""
+    parameters: dict[str, Any] = {}
+    for key in ("add_generation_prompt", "continue_final_message"):
+        if body.get(key) is not None:
+            parameters[key] = _boolean(body, key)
+    variables = body.get("chat_template_kwargs")
+    if variables is not None:
+        if not isinstance(variables, dict):
+            raise InvalidArgument("'chat_template_kwargs' must be an object")
+        parameters["chat_template_kwargs"] = json.dumps(variables)  # request parameters hold no objects
     return parameters
 
 

@@ -25,6 +25,10 @@ _CONTROL, _USER_DEFINED = 3, 4
 _DIGIT_SPLITTING_PRE = {"smollm", "starcoder", "refact", "codeshell", "command-r"}
 
 
+#: the variables apply_chat_template gives the template itself (a caller's extra ones may not)
+TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 class Tokenizer:
     """Encode, decode, and render chat prompts for one model."""
 
