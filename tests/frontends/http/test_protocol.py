@@ -175,6 +175,8 @@ class _Later:
 
     def __call__(self, method, path, headers, body, answer):
         self.calls.append(path)
+        if path == "/crash":
+            raise RuntimeError("bug")
         if path == "/now":
             answer(Reply(400, b"refused at once", b"text/plain"), [])
             return lambda: None
@@ -244,3 +246,20 @@ def test_a_client_gone_before_its_dispatch_starts_nothing_and_one_gone_after_can
 
     asyncio.run(main())
     assert later.calls == ["/later-gone"] and later.cancelled == ["/later-gone"]
+
+
+def test_a_crash_in_dispatch_now_is_a_500_and_the_connection_goes_on() -> None:
+    later = _Later()
+
+    async def main() -> FakeTransport:
+        protocol, transport = _protocol(later)
+        protocol.data_received(b"GET /crash HTTP/1.1\r\nHost: x\r\n\r\nGET /later HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(100):
+            if transport.data.count(b"HTTP/1.1 ") == 2:
+                break
+            await asyncio.sleep(0.002)
+        return transport
+
+    transport = asyncio.run(main())
+    assert transport.data.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
+    assert b"\r\n\r\n/later" in transport.data and not transport.closed

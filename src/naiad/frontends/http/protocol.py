@@ -348,7 +348,12 @@ class HttpProtocol(asyncio.Protocol):
         """Start a request through `dispatch_now`; it is this connection's `waiting` meanwhile."""
         if self.transport is None or self.dispatch_now is None:
             return  # the client went away before its turn
-        started = self.dispatch_now(request.method, path, request.headers, body, waiting.answer)
+        try:
+            started = self.dispatch_now(request.method, path, request.headers, body, waiting.answer)
+        except Exception:  # a bug: answer it as the task path does, and keep the connection
+            log.exception("unhandled error")
+            waiting.answer(Reply(500, b'{"error":"internal server error"}'), [])
+            return
         if waiting.answered:  # inside dispatch_now (an error, a refusal): answer moved on already
             return
         if callable(started):  # a canceller: not a coroutine (nor any awaitable we are given)
