@@ -15,6 +15,7 @@ from conftest import ServerProcess
 from gguf import GGUFReader
 
 from e2e.llm_server import MODEL, QUESTION, llm_server
+from e2e.raw_http import post_json
 from e2e.scaling_util import scrape, total
 from naiad.llm.loading.gguf import smollm2_path
 from naiad.llm.loading.tokenizer import Tokenizer
@@ -300,3 +301,41 @@ def test_chat_template_controls_shape_the_prompt(client: openai.OpenAI, tokenize
     assert "Paris" in answer.choices[0].message.content
     # chat_template_kwargs reach the template: a variable SmolLM2's template does not read changes nothing
     assert prompt_tokens(QUESTION, chat_template_kwargs={"enable_thinking": False}) == prompt_tokens(QUESTION)
+
+
+def test_tokenize_gives_the_tokens_generation_sees(server: ServerProcess, tokenizer: Tokenizer) -> None:
+    answer = post_json(server.url, "/tokenize", {"model": MODEL, "prompt": "The capital of France"})
+    assert answer.status == 200, answer.body
+    body = answer.json()
+    assert body["tokens"] == tokenizer.encode("The capital of France") and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] > body["count"] and body["token_strs"] is None
+    chat = post_json(server.url, "/tokenize", {"model": MODEL, "messages": QUESTION}).json()
+    assert chat["tokens"] == tokenizer.encode(tokenizer.apply_chat_template(QUESTION))
+    bare = post_json(server.url, "/tokenize", {"model": MODEL, "messages": QUESTION, "add_generation_prompt": False})
+    unprompted = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=False)
+    assert bare.json()["tokens"] == tokenizer.encode(unprompted)
+
+
+def test_detokenize_turns_the_tokens_back_into_the_text(server: ServerProcess, tokenizer: Tokenizer) -> None:
+    prompt = tokenizer.apply_chat_template(QUESTION)
+    tokens = post_json(server.url, "/tokenize", {"model": MODEL, "prompt": prompt}).json()["tokens"]
+    answer = post_json(server.url, "/detokenize", {"model": MODEL, "tokens": tokens})
+    assert answer.status == 200, answer.body
+    assert answer.json() == {"prompt": prompt}  # special tokens (<|im_start|>) included, as vLLM
+
+
+@pytest.mark.parametrize(("path", "document", "status", "message"), [
+    ("/tokenize", {"model": "no-such-model", "prompt": "x"}, 404, "does not exist"),
+    ("/tokenize", {"model": MODEL, "prompt": "x", "messages": QUESTION}, 400, "either 'prompt' or 'messages'"),
+    ("/tokenize", {"model": MODEL, "prompt": ["x"]}, 400, "'prompt' must be a string"),
+    ("/tokenize", {"model": MODEL, "prompt": "x", "add_special_tokens": True}, 400,
+     "unknown field 'add_special_tokens'"),
+    ("/tokenize", {"model": MODEL, "messages": QUESTION, "continue_final_message": True}, 400,
+     "needs add_generation_prompt false"),
+    ("/detokenize", {"model": MODEL, "tokens": [1, 10**9]}, 400, "token id 1000000000 is not in the vocabulary"),
+    ("/detokenize", {"model": MODEL, "tokens": "1 2"}, 400, "'tokens' must be an array of token ids"),
+])
+def test_tokenize_and_detokenize_refuse_bad_requests(server: ServerProcess, path: str, document: dict[str, Any],
+                                                     status: int, message: str) -> None:
+    answer = post_json(server.url, path, document)
+    assert answer.status == status and message in answer.json()["error"]["message"]

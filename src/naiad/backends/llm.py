@@ -27,7 +27,9 @@ controls apply then: `add_generation_prompt` (default true), `continue_final_mes
 ends inside the last message, an assistant's, so the model continues it; needs
 `add_generation_prompt` false), and `chat_template_kwargs` (a JSON object of extra template
 variables, e.g. Qwen3's `enable_thinking`). `include_stop_str_in_output` keeps the stop string
-that ended the text.
+that ended the text. A request with `tokenize` (the prompt, template included, to the token ids
+generation would see) or `detokenize` (`token_ids` to text) is answered at once by the tokenizer,
+the ids and `max_model_len` in the response's parameters (vLLM's /tokenize and /detokenize).
 
 Config parameters: `model` (a Hugging Face directory, a `.gguf` file, a path relative to the
 version directory, or "bundled:smollm2"), the engine's settings by their EngineConfig names
@@ -55,7 +57,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import Batch, BatchSender, ExecutionTimes, Model, ModelInstance, Outputs
+from naiad.backends.base import Batch, BatchSender, ExecutionTimes, Model, ModelInstance, Outputs, ParameterizedOutputs
 from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters
 from naiad.backends.llm_supervisor import EngineSupervisor, RestartPolicy
 from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError, Unavailable
@@ -328,6 +330,11 @@ class LLMInstance(ModelInstance):
         for index, request in enumerate(batch.requests):
             began = time.monotonic_ns()
             try:
+                answer = self._tokens_answer(request)
+                if answer is not None:  # /tokenize, /detokenize: the tokenizer's, no generation
+                    sender.send(index, answer, False)
+                    sender.send(index, None, True)
+                    continue
                 parsed = self._parse(request, _sender(sender, index), _canceller(batch, index))
             except NaiadError as error:
                 sender.send(index, error, True)
@@ -420,6 +427,38 @@ class LLMInstance(ModelInstance):
                         values.boolean("stream", False), self.tokenizer.detokenizer(),
                         StopStrings(stops, values.boolean("include_stop_str_in_output", False)) if stops else None,
                         frozenset(returns))
+
+    def _tokens_answer(self, request: InferRequest) -> Outputs | None:
+        """For `tokenize` (the prompt's token ids, as generation would encode it: chat template
+        and its controls included) or `detokenize` (`token_ids` to text), the answer at once:
+        `text_output` holds the prompt text or the decoded text, the response parameters
+        `token_ids` (a JSON array) and `max_model_len`. None for a generation request."""
+        parameters = request.parameters
+        if parameters.get("tokenize") is None and parameters.get("detokenize") is None:
+            return None
+        check_parameters(request)
+        values = RequestValues(request)
+        tokenize, detokenize = values.boolean("tokenize", False), values.boolean("detokenize", False)
+        if tokenize and detokenize:
+            raise InvalidArgument("tokenize and detokenize are two requests")
+        if tokenize:
+            text = values.text(TEXT_INPUT)
+            if values.boolean("apply_chat_template", False):
+                text = self._chat_prompt(text, values)
+            ids = self.tokenizer.encode(text)
+        elif detokenize:
+            ids = values.integers("token_ids")
+            vocabulary = self.tokenizer.vocab_size
+            bad = [token for token in ids if not 0 <= token < vocabulary]
+            if bad:
+                raise InvalidArgument(f"token id {bad[0]} is not in the vocabulary (0 to {vocabulary - 1})")
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        else:
+            return None
+        self._request_outputs(request, set())
+        answer = ParameterizedOutputs(_text(text))
+        answer.parameters = {"token_ids": json.dumps(ids), "max_model_len": self.max_model_len}
+        return answer
 
     def _returns(self, request: InferRequest, values: RequestValues) -> set[str]:
         """The extra outputs the request asks for; one the config does not declare is a 400."""

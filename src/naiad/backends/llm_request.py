@@ -19,6 +19,8 @@ REQUEST_PARAMETERS = frozenset({
     "min_tokens", "return_finish_reason", "return_num_tokens", "return_logprobs",
     # vLLM's chat-template controls (with apply_chat_template) and stop-string option
     "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "include_stop_str_in_output",
+    # the tokenizer alone (vLLM's /tokenize and /detokenize)
+    "tokenize", "detokenize", "token_ids",
 })
 #: request parameters the server itself reads and passes along; `id` is how /generate maps its
 #: key, the `triton_` ones are Triton's reserved keys

@@ -13,7 +13,7 @@ from naiad.frontends.http.routes import match
 # Served but not described, as the document's description says.
 UNDESCRIBED = {"model_generate_stream", "cuda_register", "cuda_unregister",
                "openai_models", "openai_completions", "openai_chat_completions", "openai_embeddings",
-               "openai_rerank", "openai_score"}
+               "openai_rerank", "openai_score", "openai_tokenize", "openai_detokenize"}
 SAMPLE = {"model_name": "simple", "model_version": "2", "region_name": "r1"}
 
 

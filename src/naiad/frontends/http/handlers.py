@@ -381,6 +381,8 @@ HANDLERS: dict[tuple[str, str], Handler] = {
     ("openai_models", "GET"): openai.models,
     ("openai_completions", "POST"): openai.completions,
     ("openai_chat_completions", "POST"): openai.chat_completions,
+    ("openai_tokenize", "POST"): openai.tokenize,
+    ("openai_detokenize", "POST"): openai.detokenize,
     ("openai_embeddings", "POST"): openai_embeddings.embeddings,
     ("openai_rerank", "POST"): openai_scoring.rerank,
     ("openai_score", "POST"): openai_scoring.score,

@@ -14,7 +14,8 @@ client wants them, logprobs (with the token strings: the tokenizer is the backen
 A message's `content` may be an array of text parts (joined by newlines, as vLLM); `prompt` may be
 an array of strings (choice `p * n + i` is the i-th of prompt p's, as OpenAI orders them). vLLM's
 `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs` (chat) and
-`include_stop_str_in_output` go to the backend, which renders the template.
+`include_stop_str_in_output` go to the backend, which renders the template. vLLM's `POST /tokenize`
+(a prompt or chat messages) and `POST /detokenize` ask the backend's tokenizer.
 Fields that would change the answer but are not supported (tools, a response_format other than
 text, echo, suffix, best_of > 1, a non-empty logit_bias) are a 400, as is any field this module
 does not know; the metadata fields clients commonly send (user, metadata, store, ...) are
@@ -37,7 +38,7 @@ import numpy as np
 
 from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
-from naiad.frontends.http.openai_tasks import embedding_models
+from naiad.frontends.http.openai_tasks import check_fields, embedding_models
 from naiad.frontends.http.reply import HTTP_STATUS, Headers, Reply, StreamReply
 from naiad.frontends.http.routes import Route
 from naiad.frontends.http.tracing import carry_trace
@@ -104,6 +105,65 @@ async def _answer(server: InferenceServer, body: bytes, headers: Headers, chat: 
         return Reply(200, _encoder.encode(call.completion(choices)))
     except NaiadError as error:
         return openai_error(error)
+
+
+_TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_generation_prompt", "continue_final_message",
+                    "chat_template_kwargs"}
+
+
+async def tokenize(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    """vLLM's `POST /tokenize`: a `prompt`, or chat `messages` with the template controls, to the
+    token ids generation would see (`{"count", "max_model_len", "tokens", "token_strs": null}`)."""
+    try:
+        document = parse_body(body)
+        await server.loaded(document.get("model"))
+        model = _model(server, document.get("model"))
+        check_fields(document, _TOKENIZE_FIELDS)
+        parameters: dict[str, Any] = {"tokenize": True}
+        if "messages" in document:
+            if "prompt" in document:
+                raise InvalidArgument("give either 'prompt' or 'messages'")
+            text = _messages_json(document["messages"])
+            parameters.update(apply_chat_template=True, **_template_controls(document))
+        elif isinstance(document.get("prompt"), str):
+            text = document["prompt"]
+        else:
+            raise InvalidArgument("'prompt' must be a string (or give 'messages')")
+        answer = await _tokens(server, InferRequest(model, None, [_text_input(text)], parameters=parameters))
+        tokens = json.loads(answer.parameters["token_ids"])
+        return Reply(200, _encoder.encode({"count": len(tokens), "max_model_len": answer.parameters["max_model_len"],
+                                           "tokens": tokens, "token_strs": None}))
+    except NaiadError as error:
+        return openai_error(error)
+
+
+async def detokenize(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
+    """vLLM's `POST /detokenize`: `tokens` (ids) to `{"prompt": text}`."""
+    try:
+        document = parse_body(body)
+        await server.loaded(document.get("model"))
+        model = _model(server, document.get("model"))
+        check_fields(document, {"model", "tokens"})
+        tokens = document.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise InvalidArgument("'tokens' must be an array of token ids")
+        parameters = {"detokenize": True, "token_ids": json.dumps(tokens)}
+        answer = await _tokens(server, InferRequest(model, None, [_text_input("")], parameters=parameters))
+        return Reply(200, _encoder.encode({"prompt": _piece(answer).text}))
+    except NaiadError as error:
+        return openai_error(error)
+
+
+async def _tokens(server: InferenceServer, request: InferRequest) -> InferResponse:
+    """The backend's one answer to a tokenize or detokenize request."""
+    answer: InferResponse | None = None
+    async for response in server.stream(request):
+        _piece(response)  # an error raises
+        if answer is None and response.outputs:
+            answer = response
+    if answer is None:
+        raise InternalError(f"model '{request.model_name}' sent no answer")
+    return answer
 
 
 # ------------------------------------------------------------------------------------- requests
@@ -239,10 +299,7 @@ def _model(server: InferenceServer, model: Any) -> str:
 
 
 def _check_fields(body: Body, chat: bool) -> None:
-    known = _COMMON | _IGNORED | (_CHAT_ONLY if chat else _COMPLETION_ONLY)
-    unknown = sorted(key for key in body if key not in known)
-    if unknown:
-        raise InvalidArgument(f"unknown field '{unknown[0]}': it is not supported by this server")
+    check_fields(body, _COMMON | _IGNORED | (_CHAT_ONLY if chat else _COMPLETION_ONLY))
     refused = [
         ("tools", bool(body.get("tools")), "tools (function calling)"),
         ("functions", bool(body.get("functions")), "functions (function calling)"),

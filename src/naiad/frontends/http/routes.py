@@ -50,6 +50,8 @@ _FIXED = {
     "/v1/embeddings": "openai_embeddings",
     "/v1/rerank": "openai_rerank",
     "/v1/score": "openai_score",
+    "/tokenize": "openai_tokenize",  # vLLM's paths, outside /v1
+    "/detokenize": "openai_detokenize",
     "/": "console_page",
     "/console/api/live": "console_live",
 }
