@@ -339,3 +339,17 @@ def test_tokenize_and_detokenize_refuse_bad_requests(server: ServerProcess, path
                                                      status: int, message: str) -> None:
     answer = post_json(server.url, path, document)
     assert answer.status == status and message in answer.json()["error"]["message"]
+
+
+def test_usage_reports_the_prompt_tokens_found_in_the_prefix_cache(client: openai.OpenAI) -> None:
+    """The same long prompt twice: the second finds all its whole blocks in the prefix cache (the
+    first may find the chat template's opening, which every chat shares)."""
+    long = [{"role": "user", "content": "Name three rivers of Europe and say where each one rises. " * 6}]
+    usages = [client.chat.completions.create(model=MODEL, messages=long, temperature=0, max_tokens=2).usage
+              for _ in range(2)]
+    first, second = (usage.prompt_tokens_details.cached_tokens for usage in usages)
+    assert usages[0].prompt_tokens == usages[1].prompt_tokens > 64
+    assert first < 32 < second < usages[1].prompt_tokens and usages[1].prompt_tokens - second <= 32
+    chunks = list(client.chat.completions.create(model=MODEL, messages=long, temperature=0, max_tokens=2, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == usages[1].prompt_tokens_details.cached_tokens

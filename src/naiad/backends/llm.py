@@ -14,7 +14,8 @@ could be the start of a stop string is held back until it is known not to be one
 Extra outputs, sent only when asked (`return_finish_reason`, `return_num_tokens`,
 `return_logprobs` or `logprobs`, or by naming them as requested outputs) so that /generate
 answers with text_output alone by default: `finish_reason` ("stop", "length" or "abort"; ""
-before the end), `prompt_tokens` and `completion_tokens` (so far), and `logprobs` (a JSON array,
+before the end), `prompt_tokens` (with the response parameter `cached_tokens`: how many of them
+the prefix cache held) and `completion_tokens` (so far), and `logprobs` (a JSON array,
 one entry per output token the response covers: {"id", "token", "logprob", "bytes", "top":
 [{"id", "token", "logprob", "bytes"}, ...]}). Every response of a request carries the same
 outputs (the builder needs each requested output in each response).
@@ -581,7 +582,7 @@ class LLMInstance(ModelInstance):
                 if not done:
                     self.engine.abort([request.seq_id])
                 done, reason = True, FinishReason.STOP
-        counts = (output.num_prompt_tokens, request.sent_tokens)
+        counts = (output.num_prompt_tokens, request.sent_tokens, output.num_cached_tokens)
         if request.stream:
             if text or (done and request.returns):
                 request.send(self._outputs(request, text, reason, counts), False)
@@ -593,16 +594,21 @@ class LLMInstance(ModelInstance):
             request.send(None, True)
         return done
 
-    def _outputs(self, request: _Request, text: str, reason: FinishReason | None, counts: tuple[int, int]) -> Outputs:
-        """The response's outputs; `counts` is (prompt tokens, output tokens so far)."""
-        outputs = _text(text)
+    def _outputs(self, request: _Request, text: str, reason: FinishReason | None,
+                 counts: tuple[int, int, int]) -> Outputs:
+        """The response's outputs; `counts` is (prompt tokens, output tokens so far, prompt
+        tokens found in the prefix cache). The cached count travels as the response parameter
+        `cached_tokens` beside `prompt_tokens` (a parameter: configs that list their outputs
+        need not declare it)."""
         returns = request.returns
         if not returns:
-            return outputs
+            return _text(text)
+        outputs = ParameterizedOutputs(_text(text))
         if FINISH_REASON in returns:
             outputs[FINISH_REASON] = np.array([(reason.value if reason is not None else "").encode()], dtype=object)
         if PROMPT_TOKENS in returns:
             outputs[PROMPT_TOKENS] = np.array([counts[0]], dtype=np.int32)
+            outputs.parameters["cached_tokens"] = counts[2]
         if COMPLETION_TOKENS in returns:
             outputs[COMPLETION_TOKENS] = np.array([counts[1]], dtype=np.int32)
         if LOGPROBS in returns:

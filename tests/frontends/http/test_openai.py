@@ -98,8 +98,10 @@ def test_completion_logprobs_shape_includes_the_sampled_token_and_offsets() -> N
 
 
 def test_usage_counts_the_prompt_once_and_sums_the_completions() -> None:
-    assert _usage([_Choice(prompt_tokens=10, completion_tokens=3), _Choice(prompt_tokens=10, completion_tokens=5)], 2) \
-        == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}
+    choices = [_Choice(prompt_tokens=10, completion_tokens=3, cached_tokens=4),
+               _Choice(prompt_tokens=10, completion_tokens=5, cached_tokens=4)]
+    assert _usage(choices, 2) == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18,
+                                  "prompt_tokens_details": {"cached_tokens": 4}}
 
 
 def test_no_logprobs_unless_asked() -> None:
@@ -135,7 +137,8 @@ def test_a_batch_of_prompts_orders_choices_by_prompt_then_n() -> None:
     assert [request.parameters["seed"] for request in call.requests] == [3, 4, 3, 4]
     usage = call.completion([_Choice("x", "stop", 5, 1), _Choice("y", "stop", 5, 2),
                              _Choice("z", "stop", 7, 3), _Choice("w", "stop", 7, 4)])["usage"]
-    assert usage == {"prompt_tokens": 12, "completion_tokens": 10, "total_tokens": 22}
+    assert usage == {"prompt_tokens": 12, "completion_tokens": 10, "total_tokens": 22,
+                     "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 @pytest.mark.parametrize(("prompt", "message"), [

@@ -450,6 +450,7 @@ class _Piece:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     logprobs: list[Body] = field(default_factory=list)
+    cached_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -462,12 +463,15 @@ class _Choice:
     completion_tokens: int = 0
     logprobs: list[Body] = field(default_factory=list)
     offset: int = 0  # text length of its logprob tokens so far (completions' text_offset)
+    cached_tokens: int = 0  # of the prompt's, found in the prefix cache
 
     def add(self, piece: _Piece) -> None:
         self.text += piece.text
         self.finish_reason = piece.finish_reason or self.finish_reason
         if piece.prompt_tokens is not None:
             self.prompt_tokens = piece.prompt_tokens
+        if piece.cached_tokens is not None:
+            self.cached_tokens = piece.cached_tokens
         if piece.completion_tokens is not None:
             self.completion_tokens = piece.completion_tokens
         self.logprobs.extend(piece.logprobs)
@@ -476,8 +480,10 @@ class _Choice:
 def _usage(choices: list[_Choice], n: int = 1) -> Body:
     """Each prompt counts once (its `n` choices share it), the completions of every choice add up."""
     prompt = sum(choice.prompt_tokens for choice in choices[::n])
+    cached = sum(choice.cached_tokens for choice in choices[::n])
     completion = sum(choice.completion_tokens for choice in choices)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 async def _collect(server: InferenceServer, request: InferRequest) -> _Choice:
@@ -493,6 +499,9 @@ def _piece(response: InferResponse) -> _Piece:
         error = response.error
         raise error if isinstance(error, NaiadError) else InternalError(str(error))
     piece = _Piece()
+    cached = response.parameters.get("cached_tokens")
+    if isinstance(cached, int):
+        piece.cached_tokens = cached
     for tensor in response.outputs:
         values = np.asarray(tensor.data).ravel().tolist()
         if tensor.name == "text_output":
