@@ -83,7 +83,10 @@ def test_invalid_temperature_is_a_bad_request(client: openai.OpenAI, stream: boo
 @pytest.mark.parametrize(("extra", "message"), [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "'tools'"),
     ({"response_format": {"type": "json_object"}}, "response_format other than text"),
-    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"logit_bias": {"x": 5}}, "logit_bias keys are token ids"),
+    ({"logit_bias": {"1": 500}}, "logit_bias maps token ids"),
+    ({"logit_bias": {"99999999": 5}}, "token id 99999999 is not in the vocabulary"),
+    ({"logit_bias": [1]}, "'logit_bias' must be an object"),
     ({"extra_body": {"no_such_field": 1}}, "unknown field 'no_such_field'"),
     ({"presence_penalty": 3}, "presence_penalty must be in [-2, 2]"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "up to 4"),
@@ -353,3 +356,16 @@ def test_usage_reports_the_prompt_tokens_found_in_the_prefix_cache(client: opena
     chunks = list(client.chat.completions.create(model=MODEL, messages=long, temperature=0, max_tokens=2, stream=True,
                                                  stream_options={"include_usage": True}))
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == usages[1].prompt_tokens_details.cached_tokens
+
+
+def test_logit_bias_bans_and_forces_tokens(client: openai.OpenAI, tokenizer: Tokenizer) -> None:
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=5,
+                                           logprobs=True)
+    first = tokenizer.encode(plain.choices[0].logprobs.content[0].token)[0]
+    banned = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=5,
+                                            logprobs=True, logit_bias={str(first): -100})
+    assert tokenizer.encode(banned.choices[0].logprobs.content[0].token)[0] != first
+    forced = tokenizer.encode(" river")[0]
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=1.0, max_tokens=3,
+                                            logit_bias={str(forced): 100})
+    assert answer.choices[0].message.content == tokenizer.decode([forced] * 3)

@@ -173,7 +173,19 @@ def test_banned_tokens_are_never_drawn() -> None:
 
 def test_without_options_the_batch_carries_nothing_extra() -> None:
     batch = SamplingBatch.build([GREEDY, SamplingParams()], [None, None], 4, "cpu", banned=[(), ()])
-    assert batch.penalties is None and batch.banned is None and batch.logprob_rows is None
+    assert batch.penalties is None and batch.banned is None and batch.logprob_rows is None and batch.bias is None
+
+
+def test_logit_bias_moves_its_rows_choice_and_leaves_the_logprobs_raw() -> None:
+    logits = torch.tensor([[0.0, 9.0, 0.0], [0.0, 9.0, 0.0], [0.0, 9.0, 0.0]])
+    params = [SamplingParams(temperature=0.0, logit_bias=((2, 100.0),)),
+              SamplingParams(temperature=0.0, logit_bias=((1, -100.0), (0, 0.5))), GREEDY]
+    batch = SamplingBatch.build(params, [None] * 3, 3, "cpu")
+    assert sample(logits, batch).tolist() == [2, 0, 1]
+    assert logits[0].tolist() == [0.0, 9.0, 0.0]  # the raw logits (logprobs read them) are untouched
+    forced = SamplingBatch.build([SamplingParams(temperature=1.0, logit_bias=((3, 100.0),))] * 200, [None] * 200, 4,
+                                 "cpu")
+    assert _support(sample(PROBS.log().expand(200, -1), forced)) == {3}
 
 
 def test_logprobs_are_the_log_softmax_of_the_raw_logits() -> None:
@@ -207,6 +219,10 @@ def test_logprobs_are_the_log_softmax_of_the_raw_logits() -> None:
         {"min_tokens": -1},
         {"stop_token_ids": [2]},
         {"stop_token_ids": (-1,)},
+        {"logit_bias": ((1, 101.0),)},
+        {"logit_bias": ((-1, 1.0),)},
+        {"logit_bias": ((1, True),)},
+        {"logit_bias": ((1,),)},
     ],
 )
 def test_invalid_penalties_and_logprobs_are_refused(bad: dict[str, object]) -> None:

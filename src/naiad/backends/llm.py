@@ -319,6 +319,7 @@ class LLMInstance(ModelInstance):
         except RuntimeError as error:
             raise InvalidArgument(f"model '{model_name}': {error}") from None
         self.max_model_len = self.engine.info.max_model_len  # a restarted core has the same config
+        self.vocab_size = self.engine.info.vocab_size  # the logits' width
         self._kv_on_host = not str(config.device).startswith("cuda")
 
     def submit(self, batch: Batch, sender: BatchSender) -> bool:
@@ -419,6 +420,7 @@ class LLMInstance(ModelInstance):
             logprobs=logprobs,
             min_tokens=min_tokens,
             stop_token_ids=tuple(values.integers("stop_token_ids")),
+            logit_bias=self._logit_bias(values),
         )
         if logprobs is not None:
             returns |= {LOGPROBS} & self.output_names
@@ -460,6 +462,21 @@ class LLMInstance(ModelInstance):
         answer = ParameterizedOutputs(_text(text))
         answer.parameters = {"token_ids": json.dumps(ids), "max_model_len": self.max_model_len}
         return answer
+
+    def _logit_bias(self, values: RequestValues) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` ({"token id": bias}, OpenAI's shape) as (id, bias) pairs; SamplingParams
+        checks the biases, the vocabulary is checked here (the engine would fail on it)."""
+        pairs = []
+        for key, bias in values.mapping("logit_bias").items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise InvalidArgument(f"logit_bias keys are token ids, got {key!r}") from None
+            if not 0 <= token < self.vocab_size:
+                raise InvalidArgument(f"logit_bias: token id {token} is not in the vocabulary "
+                                      f"(0 to {self.vocab_size - 1})")
+            pairs.append((token, bias))
+        return tuple(pairs)
 
     def _returns(self, request: InferRequest, values: RequestValues) -> set[str]:
         """The extra outputs the request asks for; one the config does not declare is a 400."""

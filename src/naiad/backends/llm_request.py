@@ -16,7 +16,7 @@ from naiad.types import InferRequest
 REQUEST_PARAMETERS = frozenset({
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "stream", "apply_chat_template",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "stop", "stop_token_ids",
-    "min_tokens", "return_finish_reason", "return_num_tokens", "return_logprobs",
+    "min_tokens", "return_finish_reason", "return_num_tokens", "return_logprobs", "logit_bias",
     # vLLM's chat-template controls (with apply_chat_template) and stop-string option
     "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "include_stop_str_in_output",
     # the tokenizer alone (vLLM's /tokenize and /detokenize)

@@ -39,6 +39,12 @@ def test_settings_become_backend_parameters() -> None:
     assert parameters["return_finish_reason"] and parameters["return_num_tokens"]
     assert "user" not in parameters
     assert [request.parameters["seed"] for request in call.requests] == [7, 8, 9]
+    controls = _call(logit_bias={"12": -100}, include_stop_str_in_output=True, add_generation_prompt=False,
+                     continue_final_message=True, chat_template_kwargs={"enable_thinking": False})
+    parameters = controls.requests[0].parameters
+    assert json.loads(parameters["logit_bias"]) == {"12": -100} and parameters["include_stop_str_in_output"] is True
+    assert parameters["add_generation_prompt"] is False and parameters["continue_final_message"] is True
+    assert json.loads(parameters["chat_template_kwargs"]) == {"enable_thinking": False}
 
 
 @pytest.mark.parametrize(("chat", "body", "message"), [
@@ -48,7 +54,7 @@ def test_settings_become_backend_parameters() -> None:
     (False, {"echo": True}, "'echo'"),
     (False, {"suffix": "x"}, "'suffix'"),
     (False, {"best_of": 2}, "'best_of'"),
-    (True, {"logit_bias": {"3": 1}}, "'logit_bias'"),
+    (True, {"logit_bias": [3, 1]}, "'logit_bias' must be an object"),
     (True, {"frobnicate": 1}, "unknown field 'frobnicate'"),
     (False, {"top_logprobs": 2}, "unknown field 'top_logprobs'"),  # chat only
     (True, {"stop": ["a", "b", "c", "d", "e"]}, "up to 4"),

@@ -17,7 +17,7 @@ an array of strings (choice `p * n + i` is the i-th of prompt p's, as OpenAI ord
 `include_stop_str_in_output` go to the backend, which renders the template. vLLM's `POST /tokenize`
 (a prompt or chat messages) and `POST /detokenize` ask the backend's tokenizer.
 Fields that would change the answer but are not supported (tools, a response_format other than
-text, echo, suffix, best_of > 1, a non-empty logit_bias) are a 400, as is any field this module
+text, echo, suffix, best_of > 1) are a 400, as is any field this module
 does not know; the metadata fields clients commonly send (user, metadata, store, ...) are
 accepted and ignored. Errors use OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -310,7 +310,6 @@ def _check_fields(body: Body, chat: bool) -> None:
         ("echo", bool(body.get("echo")), "echo"),
         ("suffix", bool(body.get("suffix")), "suffix"),
         ("best_of", body.get("best_of") not in (None, 1), "best_of other than 1"),
-        ("logit_bias", bool(body.get("logit_bias")), "logit_bias"),
     ]
     for key, unsupported, what in refused:
         if unsupported:
@@ -409,6 +408,12 @@ def _sampling(body: Body) -> dict[str, Any]:
             raise InvalidArgument(f"'stop' must be a non-empty string or an array of up to {MAX_STOP} of them")
         if stops:
             parameters["stop"] = json.dumps(stops)  # request parameters hold no lists
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise InvalidArgument("'logit_bias' must be an object of token ids to numbers from -100 to 100")
+        if bias:
+            parameters["logit_bias"] = json.dumps(bias)  # the backend checks the ids and the values
     if body.get("include_stop_str_in_output") is not None:
         parameters["include_stop_str_in_output"] = _boolean(body, "include_stop_str_in_output")
     stop_token_ids = body.get("stop_token_ids")

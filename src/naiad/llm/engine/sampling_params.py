@@ -13,6 +13,8 @@ from naiad.errors import InvalidArgument
 GREEDY_TEMPERATURE = 1e-5
 #: The most top alternatives a request may ask logprobs for (as OpenAI's top_logprobs).
 MAX_LOGPROBS = 20
+#: logit_bias values lie in [-100, 100], as OpenAI's
+MAX_LOGIT_BIAS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,8 @@ class SamplingParams:
     returns the log-softmax of the raw logits for the sampled token and the N most likely
     ones. For the first `min_tokens` output tokens the end-of-sequence and `stop_token_ids`
     tokens cannot be drawn; a `stop_token_ids` token ends the sequence like end-of-sequence.
+    `logit_bias` adds (token id, bias) pairs to the logits after the penalties (OpenAI's
+    logit_bias: -100 to 100; -100 all but bans a token, 100 all but forces it).
     """
 
     temperature: float = 1.0
@@ -45,6 +49,7 @@ class SamplingParams:
     logprobs: int | None = None
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         # `not (x >= lo)` rather than `x < lo` so that NaN is rejected too.
@@ -73,6 +78,12 @@ class SamplingParams:
         if not isinstance(self.stop_token_ids, tuple) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise InvalidArgument(
                 f"stop_token_ids must be token ids (integers of at least 0), got {self.stop_token_ids!r}")
+
+        for pair in self.logit_bias:
+            if len(pair) != 2 or not _is_int(pair[0]) or pair[0] < 0 or isinstance(pair[1], bool) \
+                    or not isinstance(pair[1], int | float) or not -MAX_LOGIT_BIAS <= pair[1] <= MAX_LOGIT_BIAS:
+                raise InvalidArgument(f"logit_bias maps token ids (integers of at least 0) to numbers in "
+                                      f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {pair!r}")
 
     @property
     def greedy(self) -> bool:

@@ -6,7 +6,8 @@ tokens outside top-k, top-p and min-p, and draw from the rest with the exponenti
 host sync and lets a seeded row draw its noise from its own generator.
 
 Before that, and only for the rows that ask: penalties (repetition over prompt and output,
-presence and frequency over the output) and the tokens a row may not draw yet (min_tokens).
+presence and frequency over the output), logit biases, and the tokens a row may not draw yet
+(min_tokens).
 Logprobs are the log-softmax of the raw logits, before any of this (vLLM's default "raw").
 A batch without these options pays two `is None` checks for them.
 """
@@ -35,6 +36,7 @@ class SamplingBatch:
     any_filter: bool
     penalties: Penalties | None = None  # None when no row has a penalty
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) that may not be drawn
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows, token ids, values) added
     logprob_rows: torch.Tensor | None = None  # [rows asking] their row indices; None when none asks
     num_logprobs: int = 0  # the most top alternatives a row asks for
 
@@ -73,6 +75,11 @@ class SamplingBatch:
         if banned is not None and any(banned):
             rows = [row for row, tokens in enumerate(banned) for _ in tokens]
             batch.banned = (tensor(rows, torch.int64), tensor([t for tokens in banned for t in tokens], torch.int64))
+        if any(p.logit_bias for p in params):
+            pairs = [(row, token, value) for row, p in enumerate(params) for token, value in p.logit_bias]
+            batch.bias = (tensor([row for row, _, _ in pairs], torch.int64),
+                          tensor([token for _, token, _ in pairs], torch.int64),
+                          tensor([float(value) for _, _, value in pairs], torch.float32))
         asking = [row for row, p in enumerate(params) if p.logprobs is not None]
         if asking:
             batch.logprob_rows = tensor(asking, torch.int64)
@@ -145,6 +152,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """One token id per row of `logits` (`[rows, vocab]`), as an int64 tensor on its device."""
     if batch.penalties is not None:
         logits = batch.penalties.apply(logits)
+    if batch.bias is not None:
+        rows, tokens, values = batch.bias
+        logits = logits.float().index_put((rows, tokens), values, accumulate=True)  # a new tensor
     if batch.banned is not None:
         logits = logits.float().index_put(batch.banned, torch.tensor(float("-inf"), device=logits.device))
     # max(...).indices, not argmax: the same first-maximum index, 4x faster on bf16 CPU logits.
