@@ -369,3 +369,17 @@ def test_logit_bias_bans_and_forces_tokens(client: openai.OpenAI, tokenizer: Tok
     answer = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=1.0, max_tokens=3,
                                             logit_bias={str(forced): 100})
     assert answer.choices[0].message.content == tokenizer.decode([forced] * 3)
+
+
+def test_a_prompt_given_as_token_ids_answers_as_its_text(client: openai.OpenAI, tokenizer: Tokenizer) -> None:
+    prompt = tokenizer.apply_chat_template(QUESTION)
+    ids = tokenizer.encode(prompt)
+    as_text = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=8)
+    as_ids = client.completions.create(model=MODEL, prompt=ids, temperature=0, max_tokens=8)
+    assert as_ids.choices[0].text == as_text.choices[0].text and "Paris" in as_ids.choices[0].text
+    assert as_ids.usage.prompt_tokens == len(ids)
+    batch = client.completions.create(model=MODEL, prompt=[ids, ids[:-3]], temperature=0, max_tokens=8)
+    assert batch.choices[0].text == as_text.choices[0].text and len(batch.choices) == 2
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt=[ids[0], 10**9], max_tokens=2)
+    assert "prompt_token_ids: token id 1000000000 is not in the vocabulary" in caught.value.message

@@ -390,9 +390,15 @@ class LLMInstance(ModelInstance):
         check_parameters(request)
         values = RequestValues(request)
         text = values.text(TEXT_INPUT)
-        if values.boolean("apply_chat_template", False):
-            text = self._chat_prompt(text, values)
-        prompt = self.tokenizer.encode(text)
+        prompt = values.integers("prompt_token_ids")
+        if prompt:  # a prompt given as token ids (OpenAI's completions allow it), taken as it is
+            if text or values.boolean("apply_chat_template", False):
+                raise InvalidArgument("prompt_token_ids goes with an empty text_input and no chat template")
+            self._check_vocabulary(prompt, "prompt_token_ids")
+        else:
+            if values.boolean("apply_chat_template", False):
+                text = self._chat_prompt(text, values)
+            prompt = self.tokenizer.encode(text)
         if not prompt:
             raise InvalidArgument("text_input is empty")
         max_tokens = values.integer("max_tokens", DEFAULT_MAX_TOKENS)
@@ -451,10 +457,7 @@ class LLMInstance(ModelInstance):
             ids = self.tokenizer.encode(text)
         elif detokenize:
             ids = values.integers("token_ids")
-            vocabulary = self.tokenizer.vocab_size
-            bad = [token for token in ids if not 0 <= token < vocabulary]
-            if bad:
-                raise InvalidArgument(f"token id {bad[0]} is not in the vocabulary (0 to {vocabulary - 1})")
+            self._check_vocabulary(ids, "token_ids")
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
         else:
             return None
@@ -472,11 +475,15 @@ class LLMInstance(ModelInstance):
                 token = int(key)
             except ValueError:
                 raise InvalidArgument(f"logit_bias keys are token ids, got {key!r}") from None
-            if not 0 <= token < self.vocab_size:
-                raise InvalidArgument(f"logit_bias: token id {token} is not in the vocabulary "
-                                      f"(0 to {self.vocab_size - 1})")
+            self._check_vocabulary([token], "logit_bias")
             pairs.append((token, bias))
         return tuple(pairs)
+
+    def _check_vocabulary(self, ids: list[int], name: str) -> None:
+        """Token ids a request gives must index the model's logits (the engine would fail)."""
+        bad = [token for token in ids if not 0 <= token < self.vocab_size]
+        if bad:
+            raise InvalidArgument(f"{name}: token id {bad[0]} is not in the vocabulary (0 to {self.vocab_size - 1})")
 
     def _returns(self, request: InferRequest, values: RequestValues) -> set[str]:
         """The extra outputs the request asks for; one the config does not declare is a 400."""

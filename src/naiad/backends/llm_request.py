@@ -21,6 +21,8 @@ REQUEST_PARAMETERS = frozenset({
     "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "include_stop_str_in_output",
     # the tokenizer alone (vLLM's /tokenize and /detokenize)
     "tokenize", "detokenize", "token_ids",
+    # a prompt given as token ids, with an empty text_input
+    "prompt_token_ids",
 })
 #: request parameters the server itself reads and passes along; `id` is how /generate maps its
 #: key, the `triton_` ones are Triton's reserved keys

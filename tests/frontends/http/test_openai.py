@@ -147,11 +147,21 @@ def test_a_batch_of_prompts_orders_choices_by_prompt_then_n() -> None:
                      "prompt_tokens_details": {"cached_tokens": 0}}
 
 
+def test_prompts_as_token_ids_go_to_the_backend_as_they_are() -> None:
+    one = _call(False, prompt=[1, 2, 3]).requests
+    assert len(one) == 1 and json.loads(one[0].parameters["prompt_token_ids"]) == [1, 2, 3]
+    assert one[0].inputs[0].data[0] == b""
+    batch = _call(False, prompt=[[1, 2], [3]], n=2).requests
+    assert [json.loads(r.parameters["prompt_token_ids"]) for r in batch] == [[1, 2], [1, 2], [3], [3]]
+
+
 @pytest.mark.parametrize(("prompt", "message"), [
-    ([1, 2, 3], "token ids is not supported"),
-    ([[1, 2], [3]], "token ids is not supported"),
-    ([], "non-empty array of strings"),
-    (["a", 1], "non-empty array of strings"),
+    ([], "non-empty array of either"),
+    (["a", 1], "non-empty array of either"),
+    ([1, -2], "non-empty array of either"),
+    ([[1, 2], []], "non-empty array of either"),
+    ([[1], "a"], "non-empty array of either"),
+    ([True], "non-empty array of either"),
     (["a"] * 20, "more than 2048 choices"),
 ])
 def test_bad_prompts_are_refused(prompt: Any, message: str) -> None:

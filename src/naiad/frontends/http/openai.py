@@ -12,7 +12,8 @@ client wants them, logprobs (with the token strings: the tokenizer is the backen
 `stream_options.include_usage` a last chunk with the usage.
 
 A message's `content` may be an array of text parts (joined by newlines, as vLLM); `prompt` may be
-an array of strings (choice `p * n + i` is the i-th of prompt p's, as OpenAI orders them). vLLM's
+an array of token ids, or an array of strings or of such arrays (choice `p * n + i` is the i-th of
+prompt p's, as OpenAI orders them). vLLM's
 `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs` (chat) and
 `include_stop_str_in_output` go to the backend, which renders the template. vLLM's `POST /tokenize`
 (a prompt or chat messages) and `POST /detokenize` ask the backend's tokenizer.
@@ -226,12 +227,17 @@ class _Call:
         if logprobs is not None:
             parameters["logprobs"] = logprobs
         requests = []  # choice p * n + i is the i-th of prompt p's, as OpenAI orders them
-        for text in texts:
+        for prompt in texts:
             for index in range(n):
                 choice_parameters = dict(parameters)
                 if "seed" in parameters and index:
                     choice_parameters["seed"] = parameters["seed"] + index
-                requests.append(InferRequest(model, None, [_text_input(text)], parameters=choice_parameters))
+                if isinstance(prompt, list):  # token ids: the backend takes them as they are
+                    choice_parameters["prompt_token_ids"] = json.dumps(prompt)
+                    prompt_input = _text_input("")
+                else:
+                    prompt_input = _text_input(prompt)
+                requests.append(InferRequest(model, None, [prompt_input], parameters=choice_parameters))
         return cls(model, chat, stream, include_usage, logprobs, requests, _new_id(chat), int(time.time()), n)
 
     # -- answers
@@ -345,15 +351,23 @@ def _chat_logprobs(body: Body) -> int | None:
     return (top or 0) if wanted else None
 
 
-def _prompts(prompt: Any) -> list[str]:
-    """A string, or an array of them (a batch: each prompt gets its `n` choices)."""
+def _prompts(prompt: Any) -> list[str] | list[list[int]]:
+    """A string or an array of token ids, or an array of either (a batch: each prompt gets its
+    `n` choices), as vLLM reads `prompt`."""
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(p, int | list) for p in prompt):
-        raise InvalidArgument("'prompt' as token ids is not supported by this server: send text")
-    raise InvalidArgument("'prompt' must be a string or a non-empty array of strings")
+    if _token_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(_token_ids(p) for p in prompt):
+        return prompt
+    raise InvalidArgument("'prompt' must be a string, an array of token ids, or a non-empty array of either")
+
+
+def _token_ids(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value))
 
 
 def _messages_json(messages: Any) -> str:
