@@ -8,24 +8,27 @@ from typing import Any
 
 import pytest
 
-from naiad.errors import InvalidArgument
+from naiad.errors import InternalError, InvalidArgument
 from naiad.frontends.http.openai import _Call, _Choice, _usage
 
 MODEL = "m"
 
 
 class _Server:
+    def __init__(self, parameters: dict[str, str] | None = None) -> None:
+        self.parameters = {key: SimpleNamespace(string_value=value) for key, value in (parameters or {}).items()}
+
     def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
         return [{"name": MODEL}]
 
     def model_config_message(self, name: str, version: int | None) -> Any:
-        return SimpleNamespace(backend="llm")
+        return SimpleNamespace(backend="llm", parameters=self.parameters)
 
 
-def _call(chat: bool = True, **body: Any) -> _Call:
+def _call(chat: bool = True, server: _Server | None = None, **body: Any) -> _Call:
     base: dict[str, Any] = {"model": MODEL}
     base.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})
-    return _Call.parse(_Server(), {**base, **body}, chat)  # type: ignore[arg-type]
+    return _Call.parse(server or _Server(), {**base, **body}, chat)  # type: ignore[arg-type]
 
 
 def test_settings_become_backend_parameters() -> None:
@@ -168,3 +171,22 @@ def test_bad_prompts_are_refused(prompt: Any, message: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         _call(False, prompt=prompt, n=128 if len(prompt) == 20 else 1)
     assert message in caught.value.message
+
+
+def test_a_model_with_a_reasoning_parser_answers_with_reasoning_content() -> None:
+    call = _call(server=_Server({"reasoning_parser": "qwen3"}))
+    message = call.completion([_Choice("<think>France.</think>Paris.", "stop", 4, 2)])["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "Paris.", "reasoning_content": "France."}
+    plain = call.completion([_Choice("Paris.", "stop", 4, 2)])["choices"][0]["message"]
+    assert plain == {"role": "assistant", "content": "Paris.", "reasoning_content": None}
+    assert call.chunk(0, "", [], 0, reasoning="Fra")["choices"][0]["delta"] == {"role": "assistant",
+                                                                                "reasoning_content": "Fra"}
+    assert call.chunk(0, "Par", [], 0)["choices"][0]["delta"] == {"role": "assistant", "content": "Par"}
+    without = _call().completion([_Choice("<think>x</think>y", "stop", 1, 1)])["choices"][0]["message"]
+    assert without == {"role": "assistant", "content": "<think>x</think>y"}  # no parser: the text as it is
+    assert _call(False, server=_Server({"reasoning_parser": "qwen3"})).thinks_first is None  # chats only
+
+
+def test_an_unknown_reasoning_parser_is_an_internal_error() -> None:
+    with pytest.raises(InternalError, match="unknown reasoning_parser"):
+        _call(server=_Server({"reasoning_parser": "nope"}))

@@ -15,8 +15,10 @@ A message's `content` may be an array of text parts (joined by newlines, as vLLM
 an array of token ids, or an array of strings or of such arrays (choice `p * n + i` is the i-th of
 prompt p's, as OpenAI orders them). vLLM's
 `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs` (chat) and
-`include_stop_str_in_output` go to the backend, which renders the template. vLLM's `POST /tokenize`
-(a prompt or chat messages) and `POST /detokenize` ask the backend's tokenizer.
+`include_stop_str_in_output` go to the backend, which renders the template. A model whose config
+names a `reasoning_parser` answers chats with `reasoning_content` beside `content` (reasoning.py).
+vLLM's `POST /tokenize` (a prompt or chat messages) and `POST /detokenize` ask the backend's
+tokenizer.
 Fields that would change the answer but are not supported (tools, a response_format other than
 text, echo, suffix, best_of > 1) are a 400, as is any field this module
 does not know; the metadata fields clients commonly send (user, metadata, store, ...) are
@@ -40,6 +42,8 @@ import numpy as np
 from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
 from naiad.frontends.http.openai_tasks import check_fields, embedding_models
+from naiad.frontends.http.reasoning import CONFIG_KEY as REASONING_KEY
+from naiad.frontends.http.reasoning import ReasoningSplitter, thinks_first
 from naiad.frontends.http.reply import HTTP_STATUS, Headers, Reply, StreamReply
 from naiad.frontends.http.routes import Route
 from naiad.frontends.http.tracing import carry_trace
@@ -198,6 +202,7 @@ class _Call:
     ident: str = ""
     created: int = 0
     n: int = 1  # choices per prompt
+    thinks_first: bool | None = None  # with a reasoning parser: whether answers start as reasoning
 
     @classmethod
     def parse(cls, server: InferenceServer, body: Body, chat: bool) -> _Call:
@@ -238,7 +243,8 @@ class _Call:
                 else:
                     prompt_input = _text_input(prompt)
                 requests.append(InferRequest(model, None, [prompt_input], parameters=choice_parameters))
-        return cls(model, chat, stream, include_usage, logprobs, requests, _new_id(chat), int(time.time()), n)
+        return cls(model, chat, stream, include_usage, logprobs, requests, _new_id(chat), int(time.time()), n,
+                   _reasoning(server, model) if chat else None)
 
     # -- answers
 
@@ -253,17 +259,25 @@ class _Call:
                       "logprobs": self._logprobs(choice.logprobs, 0) if self.logprobs is not None else None}
         if self.chat:
             body["message"] = {"role": "assistant", "content": choice.text}
+            if self.thinks_first is not None:
+                reasoning, content = ReasoningSplitter(self.thinks_first).push(choice.text, final=True)
+                body["message"].update(content=content, reasoning_content=reasoning or None)
         else:
             body["text"] = choice.text
         return body
 
     def chunk(self, index: int, text: str, logprobs: list[Body], offset: int,
-              finish_reason: str | None = None) -> Body:
+              finish_reason: str | None = None, reasoning: str = "") -> Body:
         choice: Body = {"index": index, "finish_reason": finish_reason,
                         "logprobs": self._logprobs(logprobs, offset) if logprobs and self.logprobs is not None
                         else None}
         if self.chat:
-            choice["delta"] = {} if finish_reason is not None else {"role": "assistant", "content": text}
+            delta: Body = {"role": "assistant"}
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+            if text or not reasoning:
+                delta["content"] = text
+            choice["delta"] = {} if finish_reason is not None else delta
         else:
             choice["text"] = text
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
@@ -293,6 +307,13 @@ class _Call:
         top = [{**{t["token"]: t["logprob"] for t in e["top"]}, e["token"]: e["logprob"]} for e in entries]
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": top, "text_offset": offsets}
+
+
+def _reasoning(server: InferenceServer, model: str) -> bool | None:
+    """With the model's `reasoning_parser` (config parameter): whether its answers start as
+    reasoning; None without one."""
+    parameters = server.model_config_message(model, None).parameters
+    return thinks_first(parameters[REASONING_KEY].string_value) if REASONING_KEY in parameters else None
 
 
 def _model(server: InferenceServer, model: Any) -> str:
@@ -592,6 +613,7 @@ class _Events:
     async def _events(self) -> AsyncGenerator[bytes, None]:
         call = self.call
         choices = [_Choice() for _ in call.requests]
+        splitters = [ReasoningSplitter(call.thinks_first) for _ in choices] if call.thinks_first is not None else None
         open_choices = len(choices)
         pending = list(self.first)
         while open_choices:
@@ -610,8 +632,11 @@ class _Events:
             offset = choice.offset
             choice.add(piece)
             choice.offset += sum(len(entry["token"]) for entry in piece.logprobs)
-            if piece.text or piece.logprobs:
-                yield _sse(call.chunk(index, piece.text, piece.logprobs, offset))
+            reasoning, text = "", piece.text
+            if splitters is not None:
+                reasoning, text = splitters[index].push(piece.text, final=bool(piece.finish_reason))
+            if text or reasoning or piece.logprobs:
+                yield _sse(call.chunk(index, text, piece.logprobs, offset, reasoning=reasoning))
             if piece.finish_reason:
                 yield _sse(call.chunk(index, "", [], 0, piece.finish_reason))
         if call.include_usage:
