@@ -17,7 +17,7 @@ from naiad.core.labels import REQUEST_PARAMETER
 from naiad.core.server import InferenceServer, Region
 from naiad.errors import InternalError, InvalidArgument, NaiadError
 from naiad.frontends import shared_memory as shm
-from naiad.frontends.http import openai, openai_embeddings, openai_scoring
+from naiad.frontends.http import openai, openai_embeddings, openai_scoring, openai_tokens
 from naiad.frontends.http.codec import decode_infer_request, decode_raw_request, encode_infer_response
 from naiad.frontends.http.generate import generate, generate_stream
 from naiad.frontends.http.reply import RECEIVED, Headers, Reply, error_reply, json_reply
@@ -381,8 +381,8 @@ HANDLERS: dict[tuple[str, str], Handler] = {
     ("openai_models", "GET"): openai.models,
     ("openai_completions", "POST"): openai.completions,
     ("openai_chat_completions", "POST"): openai.chat_completions,
-    ("openai_tokenize", "POST"): openai.tokenize,
-    ("openai_detokenize", "POST"): openai.detokenize,
+    ("openai_tokenize", "POST"): openai_tokens.tokenize,
+    ("openai_detokenize", "POST"): openai_tokens.detokenize,
     ("openai_embeddings", "POST"): openai_embeddings.embeddings,
     ("openai_rerank", "POST"): openai_scoring.rerank,
     ("openai_score", "POST"): openai_scoring.score,

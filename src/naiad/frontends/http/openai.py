@@ -16,9 +16,8 @@ an array of token ids, or an array of strings or of such arrays (choice `p * n +
 prompt p's, as OpenAI orders them). vLLM's
 `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs` (chat) and
 `include_stop_str_in_output` go to the backend, which renders the template. A model whose config
-names a `reasoning_parser` answers chats with `reasoning_content` beside `content` (reasoning.py).
-vLLM's `POST /tokenize` (a prompt or chat messages) and `POST /detokenize` ask the backend's
-tokenizer.
+names a `reasoning_parser` answers chats with `reasoning_content` beside `content` (reasoning.py);
+`/tokenize` and `/detokenize` are in openai_tokens.py.
 Fields that would change the answer but are not supported (tools, a response_format other than
 text, echo, suffix, best_of > 1) are a 400, as is any field this module
 does not know; the metadata fields clients commonly send (user, metadata, store, ...) are
@@ -112,65 +111,6 @@ async def _answer(server: InferenceServer, body: bytes, headers: Headers, chat: 
         return openai_error(error)
 
 
-_TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_generation_prompt", "continue_final_message",
-                    "chat_template_kwargs"}
-
-
-async def tokenize(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
-    """vLLM's `POST /tokenize`: a `prompt`, or chat `messages` with the template controls, to the
-    token ids generation would see (`{"count", "max_model_len", "tokens", "token_strs": null}`)."""
-    try:
-        document = parse_body(body)
-        await server.loaded(document.get("model"))
-        model = _model(server, document.get("model"))
-        check_fields(document, _TOKENIZE_FIELDS)
-        parameters: dict[str, Any] = {"tokenize": True}
-        if "messages" in document:
-            if "prompt" in document:
-                raise InvalidArgument("give either 'prompt' or 'messages'")
-            text = _messages_json(document["messages"])
-            parameters.update(apply_chat_template=True, **_template_controls(document))
-        elif isinstance(document.get("prompt"), str):
-            text = document["prompt"]
-        else:
-            raise InvalidArgument("'prompt' must be a string (or give 'messages')")
-        answer = await _tokens(server, InferRequest(model, None, [_text_input(text)], parameters=parameters))
-        tokens = json.loads(answer.parameters["token_ids"])
-        return Reply(200, _encoder.encode({"count": len(tokens), "max_model_len": answer.parameters["max_model_len"],
-                                           "tokens": tokens, "token_strs": None}))
-    except NaiadError as error:
-        return openai_error(error)
-
-
-async def detokenize(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
-    """vLLM's `POST /detokenize`: `tokens` (ids) to `{"prompt": text}`."""
-    try:
-        document = parse_body(body)
-        await server.loaded(document.get("model"))
-        model = _model(server, document.get("model"))
-        check_fields(document, {"model", "tokens"})
-        tokens = document.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise InvalidArgument("'tokens' must be an array of token ids")
-        parameters = {"detokenize": True, "token_ids": json.dumps(tokens)}
-        answer = await _tokens(server, InferRequest(model, None, [_text_input("")], parameters=parameters))
-        return Reply(200, _encoder.encode({"prompt": _piece(answer).text}))
-    except NaiadError as error:
-        return openai_error(error)
-
-
-async def _tokens(server: InferenceServer, request: InferRequest) -> InferResponse:
-    """The backend's one answer to a tokenize or detokenize request."""
-    answer: InferResponse | None = None
-    async for response in server.stream(request):
-        _piece(response)  # an error raises
-        if answer is None and response.outputs:
-            answer = response
-    if answer is None:
-        raise InternalError(f"model '{request.model_name}' sent no answer")
-    return answer
-
-
 # ------------------------------------------------------------------------------------- requests
 
 
@@ -206,7 +146,7 @@ class _Call:
 
     @classmethod
     def parse(cls, server: InferenceServer, body: Body, chat: bool) -> _Call:
-        model = _model(server, body.get("model"))
+        model = llm_model(server, body.get("model"))
         _check_fields(body, chat)
         stream = _boolean(body, "stream")
         options = body.get("stream_options")
@@ -220,7 +160,7 @@ class _Call:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
             raise InvalidArgument(f"'n' must be an integer from 1 to {MAX_N}, got {n!r}")
         logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
-        texts = [_messages_json(body.get("messages"))] if chat else _prompts(body.get("prompt"))
+        texts = [messages_json(body.get("messages"))] if chat else _prompts(body.get("prompt"))
         if len(texts) * n > MAX_CHOICES:
             raise InvalidArgument(f"{len(texts)} prompts x n={n} is more than {MAX_CHOICES} choices in one call")
         parameters = _sampling(body)
@@ -228,7 +168,7 @@ class _Call:
         parameters.update(stream=stream, return_finish_reason=True, return_num_tokens=not stream or include_usage)
         if chat:
             parameters["apply_chat_template"] = True
-            parameters.update(_template_controls(body))
+            parameters.update(template_controls(body))
         if logprobs is not None:
             parameters["logprobs"] = logprobs
         requests = []  # choice p * n + i is the i-th of prompt p's, as OpenAI orders them
@@ -239,9 +179,9 @@ class _Call:
                     choice_parameters["seed"] = parameters["seed"] + index
                 if isinstance(prompt, list):  # token ids: the backend takes them as they are
                     choice_parameters["prompt_token_ids"] = json.dumps(prompt)
-                    prompt_input = _text_input("")
+                    prompt_input = text_input("")
                 else:
-                    prompt_input = _text_input(prompt)
+                    prompt_input = text_input(prompt)
                 requests.append(InferRequest(model, None, [prompt_input], parameters=choice_parameters))
         return cls(model, chat, stream, include_usage, logprobs, requests, _new_id(chat), int(time.time()), n,
                    _reasoning(server, model) if chat else None)
@@ -316,7 +256,8 @@ def _reasoning(server: InferenceServer, model: str) -> bool | None:
     return thinks_first(parameters[REASONING_KEY].string_value) if REASONING_KEY in parameters else None
 
 
-def _model(server: InferenceServer, model: Any) -> str:
+def llm_model(server: InferenceServer, model: Any) -> str:
+    """The request's `model`, when it names a ready "llm" model; OpenAI's 404 otherwise."""
     if not isinstance(model, str) or not model:
         raise InvalidArgument("'model' must be a model name")
     # Only "llm" models take text_input with sampling parameters; any other is unknown here.
@@ -391,7 +332,8 @@ def _token_ids(value: Any) -> bool:
             and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value))
 
 
-def _messages_json(messages: Any) -> str:
+def messages_json(messages: Any) -> str:
+    """Chat `messages` as the JSON array the backend renders with its chat template."""
     if not isinstance(messages, list) or not messages:
         raise InvalidArgument("'messages' must be a non-empty array")
     texts = []
@@ -459,7 +401,7 @@ def _sampling(body: Body) -> dict[str, Any]:
     return parameters
 
 
-def _template_controls(body: Body) -> dict[str, Any]:
+def template_controls(body: Body) -> dict[str, Any]:
     """vLLM's chat-template fields as the backend's parameters (it checks how they combine)."""
     parameters: dict[str, Any] = {}
     for key in ("add_generation_prompt", "continue_final_message"):
@@ -473,7 +415,8 @@ def _template_controls(body: Body) -> dict[str, Any]:
     return parameters
 
 
-def _text_input(text: str) -> Tensor:
+def text_input(text: str) -> Tensor:
+    """The backend's `text_input` tensor holding `text`."""
     data = np.array([text.encode("utf-8")], dtype=object)
     return Tensor("text_input", DataType.BYTES, (1,), data)
 
@@ -529,11 +472,11 @@ def _usage(choices: list[_Choice], n: int = 1) -> Body:
 async def _collect(server: InferenceServer, request: InferRequest) -> _Choice:
     choice = _Choice()
     async for response in server.stream(request):
-        choice.add(_piece(response))
+        choice.add(response_piece(response))
     return choice
 
 
-def _piece(response: InferResponse) -> _Piece:
+def response_piece(response: InferResponse) -> _Piece:
     """What a response carries (nothing for the flags-only final); its error raises."""
     if response.error is not None:
         error = response.error
@@ -606,7 +549,7 @@ class _Events:
             if isinstance(item, BaseException):
                 raise item if isinstance(item, NaiadError) else InternalError(str(item))
             if item is not None and item.error is not None:
-                _piece(item)
+                response_piece(item)
             started.add(index)
             self.first.append((index, item))
 
@@ -624,7 +567,7 @@ class _Events:
             try:
                 if isinstance(item, BaseException):
                     raise item if isinstance(item, NaiadError) else InternalError(str(item))
-                piece = _piece(item)
+                piece = response_piece(item)
             except NaiadError as error:  # after the 200 is sent, an error can only be an event
                 yield _sse(_error_body(error))
                 return
