@@ -87,7 +87,9 @@ class Host(Protocol):
 
     def watch(self, fd: int, on_readable: Callable[[], None]) -> Callable[[], None] | None:
         """Call `on_readable` from the server's event loop whenever `fd` is readable; returns the
-        function that stops it, or None when the server runs no event loop."""
+        function that stops it, or None when the server runs no event loop. The stop function
+        may be called any number of times from any thread, the loop's included; each call returns
+        only once the loop no longer watches `fd`, so the caller may close it next."""
         ...
 
 

@@ -470,10 +470,18 @@ class _BackendHost:
         if loop is None or loop.is_closed():
             return None
         _on_loop(loop, loop.add_reader, fd, on_readable)
+        watching = [True]  # read and written on the loop's thread only
+
+        def remove() -> None:
+            # Once: a second remove queued by another thread may run after the first caller
+            # closed `fd` and the loop reused its number for a client's connection.
+            if watching[0]:
+                watching[0] = False
+                loop.remove_reader(fd)
 
         def stop() -> None:
             if not loop.is_closed():
-                _on_loop(loop, loop.remove_reader, fd)
+                _on_loop(loop, remove)
 
         return stop
 

@@ -195,6 +195,7 @@ class Channel:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(Message)
         self._send_lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._out = bytearray()  # reused for every frame (under the send lock)
         # Incoming bytes land in one reused buffer between _start and _end: no allocation per read.
         self._in = bytearray(_READ_SIZE)
@@ -312,9 +313,14 @@ class Channel:
                 self._fds.extend(fds)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
+        # Once, under a lock: the exit handler (on the event loop) and an unloading thread both
+        # close, and a shutdown of a number the other just closed could hit whatever reused it.
+        with self._close_lock:
+            if self.sock.fileno() < 0:
+                return
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.close()
 
 
 def flat_frees(items: list[tuple[int, int]]) -> list[int]:

@@ -120,22 +120,21 @@ class StubProcess:
             self._dispatch(self.channel.recv(), on_message)
         if watch is not None:
             self.channel.set_nonblocking()
-            unwatch: list[Callable[[], None]] = []
 
             def readable() -> None:
                 try:
                     messages = self.channel.recv_ready() if self.channel is not None else []
                 except p.ChannelClosed:
-                    unwatch[0]()
+                    if self._unwatch is not None:
+                        self._unwatch()
                     on_exit()
                     return
                 for message in messages:
                     self._dispatch(message, on_message)
 
-            stop = watch(self.channel.sock.fileno(), readable)
-            if stop is not None:
-                unwatch.append(self._unwatch_once(stop))
-                self._unwatch = unwatch[0]
+            # Safe to call more than once, from the loop or an unloading thread (Host.watch).
+            self._unwatch = watch(self.channel.sock.fileno(), readable)
+            if self._unwatch is not None:
                 return
             self.channel.sock.setblocking(True)  # no loop after all: read on a thread
 
@@ -152,17 +151,6 @@ class StubProcess:
 
         self._reader = threading.Thread(target=read, name=f"{self.name}-reader", daemon=True)
         self._reader.start()
-
-    @staticmethod
-    def _unwatch_once(stop: Callable[[], None]) -> Callable[[], None]:
-        stopped = [False]
-
-        def once() -> None:
-            if not stopped[0]:
-                stopped[0] = True
-                stop()
-
-        return once
 
     def _dispatch(self, message: Any, on_message: Callable[[Any], None]) -> None:
         if isinstance(message, p.Segment):
