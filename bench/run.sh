@@ -33,6 +33,8 @@ run .venv/bin/python bench/llm_engine_step.py --dtypes fp32 bf16 --quantization 
 # LLM serving (issue 6): naiad's "llm" backend vs vLLM-CPU and llama-server, 128+128 tokens at 1/16/64 streams.
 run bash bench/setup_llm_peers.sh
 run .venv/bin/python bench/llm.py
+# Structured outputs (issue 24): SmolLM2 under a JSON schema vs unconstrained, tokens/s at 1 and 16 streams, TTFT with a new schema.
+run .venv/bin/python bench/llm_structured.py
 # The bundled SmolLM2's own Q4_1 GGUF: naiad (quantization gguf) vs llama-server on the same file, 1 and 16 streams.
 run .venv/bin/python bench/llm.py --model smollm2-gguf --servers naiad llama --streams 1 16
 if ((${#failed[@]})); then

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters
+from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters, guide
 from naiad.errors import InvalidArgument
 from naiad.types import DataType, InferRequest, Tensor
 
@@ -129,3 +129,31 @@ def test_a_mapping_is_a_json_object_given_as_a_string() -> None:
     for name in ("bad", "broken"):
         with pytest.raises(InvalidArgument, match=f"'{name}' must be a JSON object"):
             values.mapping(name)
+
+
+@pytest.mark.parametrize(("parameters", "expected"), [
+    ({}, None),
+    ({"guided_json": '{"type": "object"}'}, ("json_schema", '{"type": "object"}')),
+    ({"guided_json_object": True}, ("json_object", "")),
+    ({"guided_json_object": False}, None),
+    ({"guided_regex": "[a-z]+"}, ("regex", "[a-z]+")),
+    ({"guided_choice": '["a", "b"]'}, ("choice", '["a", "b"]')),
+    ({"guided_grammar": 'start: "x"'}, ("grammar", 'start: "x"')),
+])
+def test_the_guide_from_vllms_guided_parameters(parameters: dict[str, object],
+                                                expected: tuple[str, str] | None) -> None:
+    check_parameters(_request(parameters))  # known names
+    assert guide(RequestValues(_request(parameters))) == expected
+
+
+@pytest.mark.parametrize(("parameters", "message"), [
+    ({"guided_json": "[1]"}, "'guided_json' must be a JSON object"),
+    ({"guided_json": "{}"}, "non-empty JSON object"),
+    ({"guided_regex": ""}, "must not be empty"),
+    ({"guided_choice": "[1]"}, "array of non-empty strings"),
+    ({"guided_json_object": "yes"}, "must be true or false"),
+    ({"guided_regex": "a", "guided_grammar": "b"}, "at most one of"),
+])
+def test_bad_guided_parameters_are_invalid_arguments(parameters: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        guide(RequestValues(_request(parameters)))

@@ -59,7 +59,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, BatchSender, ExecutionTimes, Model, ModelInstance, Outputs, ParameterizedOutputs
-from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters
+from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters, guide
 from naiad.backends.llm_supervisor import EngineSupervisor, RestartPolicy
 from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError, Unavailable
 from naiad.llm.engine.engine_core import (
@@ -75,7 +75,8 @@ from naiad.llm.engine.llm_engine import EngineConfig
 from naiad.llm.engine.sampling_params import SamplingParams
 from naiad.llm.engine.sequence import FinishReason, TokenLogprobs
 from naiad.llm.loading import gguf
-from naiad.llm.loading.tokenizer import TEMPLATE_VARIABLES, IncrementalDetokenizer, Tokenizer
+from naiad.llm.loading.loader import load_tokenizer
+from naiad.llm.loading.tokenizer import TEMPLATE_VARIABLES, IncrementalDetokenizer
 from naiad.observability.metrics import MetricRow
 from naiad.observability.statistics import Histogram
 from naiad.types import InferRequest, RequestedOutput
@@ -195,11 +196,6 @@ def _parameter(name: str, text: str, kind: type) -> Any:
             noun = "an integer" if kind is int else "a number"
             raise InvalidArgument(f"parameter '{name}' must be {noun}, got {text!r}") from None
     return text
-
-
-def load_tokenizer(model: Path) -> Tokenizer:
-    """The tokenizer that comes with the engine's model (GGUF metadata or tokenizer.json)."""
-    return Tokenizer.from_gguf(gguf.open_gguf(model)) if gguf.is_gguf(model) else Tokenizer.from_dir(model)
 
 
 @dataclass(slots=True)
@@ -427,6 +423,7 @@ class LLMInstance(ModelInstance):
             min_tokens=min_tokens,
             stop_token_ids=tuple(values.integers("stop_token_ids")),
             logit_bias=self._logit_bias(values),
+            guide=guide(values),
         )
         if logprobs is not None:
             returns |= {LOGPROBS} & self.output_names
@@ -594,7 +591,7 @@ class LLMInstance(ModelInstance):
             request.logprobs.extend(self._logprobs_json(new, output.new_logprobs))
         request.sent_tokens += len(new)
         reason = FinishReason(output.finish_reason) if done and output.finish_reason is not None else None
-        if reason is FinishReason.STOP and new:
+        if reason is FinishReason.STOP and new and output.on_stop_token:
             new = new[:-1]  # the end-of-sequence or stop token has no text (as vLLM)
         pieces = [request.detokenizer.push(token) for token in new]
         if done:

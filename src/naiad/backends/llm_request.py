@@ -12,6 +12,9 @@ import numpy as np
 from naiad.errors import InvalidArgument
 from naiad.types import InferRequest
 
+#: structured outputs, vLLM's names -> the engine's guide kinds (naiad.llm.engine.guided)
+GUIDE_PARAMETERS = {"guided_json": "json_schema", "guided_json_object": "json_object", "guided_regex": "regex",
+                    "guided_choice": "choice", "guided_grammar": "grammar"}
 #: the request parameters (or optional inputs) this backend reads
 REQUEST_PARAMETERS = frozenset({
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "stream", "apply_chat_template",
@@ -23,6 +26,8 @@ REQUEST_PARAMETERS = frozenset({
     "tokenize", "detokenize", "token_ids",
     # a prompt given as token ids, with an empty text_input
     "prompt_token_ids",
+    # structured outputs (vLLM's guided decoding fields; at most one): see `guide`
+    *GUIDE_PARAMETERS,
 })
 #: request parameters the server itself reads and passes along; `id` is how /generate maps its
 #: key, the `triton_` ones are Triton's reserved keys
@@ -177,3 +182,30 @@ class RequestValues:
             if isinstance(decoded, list):
                 return decoded
         return value
+
+
+def guide(values: RequestValues) -> tuple[str, str] | None:
+    """The request's structured-output guide (kind, spec), or None: `guided_json` (a JSON schema,
+    as JSON text), `guided_json_object` (true: any JSON object), `guided_regex`, `guided_choice`
+    (a JSON array of strings) or `guided_grammar` (Lark). The engine compiles it (a grammar it
+    cannot use is the request's 400 then)."""
+    given = [name for name in GUIDE_PARAMETERS if values.parameters.get(name) is not None or name in values.inputs]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InvalidArgument(f"at most one of {', '.join(GUIDE_PARAMETERS)} may be given, got {', '.join(given)}")
+    name = given[0]
+    kind = GUIDE_PARAMETERS[name]
+    if kind == "json_object":
+        return (kind, "") if values.boolean(name, False) else None
+    if kind == "json_schema":
+        schema = values.mapping(name)
+        if not schema:
+            raise InvalidArgument("guided_json must be a JSON schema (a non-empty JSON object)")
+        return kind, json.dumps(schema)
+    if kind == "choice":
+        return kind, json.dumps(values.strings(name))
+    spec = values.text(name)
+    if not spec:
+        raise InvalidArgument(f"'{name}' must not be empty")
+    return kind, spec

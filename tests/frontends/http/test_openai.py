@@ -53,7 +53,7 @@ def test_settings_become_backend_parameters() -> None:
 @pytest.mark.parametrize(("chat", "body", "message"), [
     (True, {"tools": [{"type": "function"}]}, "'tools'"),
     (True, {"tool_choice": "required"}, "'tool_choice'"),
-    (True, {"response_format": {"type": "json_schema"}}, "response_format other than text"),
+    (True, {"response_format": {"type": "json_schema"}}, "needs a 'json_schema' object"),
     (False, {"echo": True}, "'echo'"),
     (False, {"suffix": "x"}, "'suffix'"),
     (False, {"best_of": 2}, "'best_of'"),

@@ -18,10 +18,11 @@ prompt p's, as OpenAI orders them). vLLM's
 `include_stop_str_in_output` go to the backend, which renders the template. A model whose config
 names a `reasoning_parser` answers chats with `reasoning_content` beside `content` (reasoning.py);
 `/tokenize` and `/detokenize` are in openai_tokens.py.
-Fields that would change the answer but are not supported (tools, a response_format other than
-text, echo, suffix, best_of > 1) are a 400, as is any field this module
-does not know; the metadata fields clients commonly send (user, metadata, store, ...) are
-accepted and ignored. Errors use OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
+Structured outputs (`response_format`, vLLM's `guided_*`) are read in openai_guided.py.
+Fields that would change the answer but are not supported (tools, echo, suffix, best_of > 1)
+are a 400, as is any field this module does not know; the metadata fields clients commonly send
+(user, metadata, store, ...) are accepted and ignored. Errors use OpenAI's shape
+`{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 
 from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
+from naiad.frontends.http.openai_guided import GUIDED_FIELDS, guided_parameters
 from naiad.frontends.http.openai_tasks import check_fields, embedding_models
 from naiad.frontends.http.reasoning import CONFIG_KEY as REASONING_KEY
 from naiad.frontends.http.reasoning import ReasoningSplitter, thinks_first
@@ -62,10 +64,10 @@ _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "to
            "presence_penalty", "frequency_penalty", "logprobs", "logit_bias",
            # vLLM's extensions
            "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
-           "include_stop_str_in_output"}
+           "include_stop_str_in_output", *GUIDED_FIELDS}
 _COMPLETION_ONLY = {"prompt", "echo", "suffix", "best_of"}
 _CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
-              "function_call", "response_format", "parallel_tool_calls",
+              "function_call", "parallel_tool_calls",
               # vLLM's chat-template controls, rendered by the backend
               "add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
 # Accepted and ignored: they do not change the answer.
@@ -273,8 +275,6 @@ def _check_fields(body: Body, chat: bool) -> None:
         ("functions", bool(body.get("functions")), "functions (function calling)"),
         ("tool_choice", body.get("tool_choice") not in (None, "none", "auto"), "tool_choice"),
         ("function_call", body.get("function_call") not in (None, "none", "auto"), "function_call"),
-        ("response_format", body.get("response_format") not in (None, {"type": "text"}),
-         "a response_format other than text"),
         ("echo", bool(body.get("echo")), "echo"),
         ("suffix", bool(body.get("suffix")), "suffix"),
         ("best_of", body.get("best_of") not in (None, 1), "best_of other than 1"),
@@ -398,6 +398,7 @@ def _sampling(body: Body) -> dict[str, Any]:
         if not isinstance(stop_token_ids, list):
             raise InvalidArgument("'stop_token_ids' must be an array of token ids")
         parameters["stop_token_ids"] = json.dumps(stop_token_ids)
+    parameters.update(guided_parameters(body))
     return parameters
 
 

@@ -83,6 +83,9 @@ class RequestOutput(msgspec.Struct, array_like=True):
     finish_reason: str | None
     num_prompt_tokens: int
     num_cached_tokens: int
+    #: on a "stop" finish: whether the last token is an end-of-sequence or stop token (it has no
+    #: text), not the end of a structured output's grammar (it has)
+    on_stop_token: bool = False
 
 
 class EngineStats(msgspec.Struct, array_like=True):
@@ -228,7 +231,8 @@ class EngineCore:
             logprobs = None if seq.logprobs is None else seq.logprobs[sent:]
             reason = str(seq.finish_reason) if seq.is_finished and seq.finish_reason is not None else None
             outputs.append(RequestOutput(request_id, seq.output_token_ids[sent:], logprobs, reason,
-                                         seq.num_prompt_tokens, seq.num_cached_tokens))
+                                         seq.num_prompt_tokens, seq.num_cached_tokens,
+                                         seq.is_finished and seq.ends_with_stop_token))
             self._sent[request_id] = total
             if seq.is_finished:
                 del self._active[request_id], self._sent[request_id]

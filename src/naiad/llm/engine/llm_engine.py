@@ -18,6 +18,7 @@ from naiad.llm.distributed.nodes import Cluster
 from naiad.llm.distributed.parallel import check_devices, check_no_group, check_shardable, check_stages, destroy_group
 from naiad.llm.distributed.workers import WorkerGroup
 from naiad.llm.engine.block_manager import BlockManager
+from naiad.llm.engine.guided import Grammars
 from naiad.llm.engine.model_runner import ModelRunner, RunnerConfig
 from naiad.llm.engine.sampling_params import SamplingParams
 from naiad.llm.engine.scheduler import SchedulerConfig, StepScheduler
@@ -103,6 +104,7 @@ class LLMEngine:
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.block_manager
         )
         self.eos_token_ids = read_eos_token_ids(config.model)
+        self.grammars = Grammars(config.model, self.runner.args.vocab_size, self.eos_token_ids)
         self._request_ids = itertools.count()
 
     def _start_runner(self) -> ModelRunner:
@@ -183,6 +185,8 @@ class LLMEngine:
             priority=priority,
             sampling_params=sampling_params,
         )
+        if sampling_params is not None and sampling_params.guide is not None:
+            seq.grammar = self.grammars.state(sampling_params.guide)
         self.scheduler.add(seq)
         return request_id
 

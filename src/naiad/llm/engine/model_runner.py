@@ -28,6 +28,7 @@ from naiad.llm.distributed.pipeline import PipelineStage
 from naiad.llm.distributed.step_sync import TableSender, WireStep
 from naiad.llm.engine.block_manager import num_blocks_for
 from naiad.llm.engine.cuda_graphs import DecodeGraphs
+from naiad.llm.engine.guided import MaskFiller
 from naiad.llm.engine.scheduler import SchedulerOutput
 from naiad.llm.engine.sequence import Sequence, TokenLogprobs
 from naiad.llm.kernels import triton_attention
@@ -168,6 +169,7 @@ class ModelRunner:
             self.device,
         )
         self._generators: dict[str, torch.Generator] = {}
+        self.masks = MaskFiller(self.args.vocab_size)  # structured outputs' token masks
         # Under pipeline parallelism, this rank's stage runs the forward (micro-batches, sends).
         self.stage = (PipelineStage(self.model, tp, self.kv_caches, self.inputs, config.pipeline_micro_batches)
                       if tp.pipeline.active else None)
@@ -215,9 +217,15 @@ class ModelRunner:
             self.tables.finished(output.finished_seq_ids)
         if not output.seqs:
             return [], None
-        logits = self._forward(output)
         sampling = [seq for seq, row_samples in zip(output.seqs, output.sample, strict=True) if row_samples]
+        # Structured outputs: their masks are filled while the model runs.
+        guided = [(row, seq.grammar) for row, seq in enumerate(sampling) if seq.grammar is not None]
+        masks = self.masks.start(guided) if guided else None
+        logits = self._forward(output)
         batch = self._sampling_batch(sampling)
+        if masks is not None:
+            rows, bits = masks.result()
+            batch.allowed = (self._tensor(rows), torch.from_numpy(bits).to(self.device))
         sampled = sample(logits, batch)
         tokens = iter(sampled.tolist())
         token_ids = [next(tokens) if row_samples else NO_TOKEN for row_samples in output.sample]

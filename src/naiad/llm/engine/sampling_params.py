@@ -15,6 +15,8 @@ GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20
 #: logit_bias values lie in [-100, 100], as OpenAI's
 MAX_LOGIT_BIAS = 100
+#: structured outputs' grammars (naiad.llm.engine.guided)
+GUIDE_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,8 @@ class SamplingParams:
     tokens cannot be drawn; a `stop_token_ids` token ends the sequence like end-of-sequence.
     `logit_bias` adds (token id, bias) pairs to the logits after the penalties (OpenAI's
     logit_bias: -100 to 100; -100 all but bans a token, 100 all but forces it).
+    `guide` (kind, spec) holds the output to a grammar: a JSON schema, any JSON object, a
+    regex, one of a list of choices or a Lark grammar (`naiad.llm.engine.guided`).
     """
 
     temperature: float = 1.0
@@ -50,6 +54,7 @@ class SamplingParams:
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
+    guide: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         # `not (x >= lo)` rather than `x < lo` so that NaN is rejected too.
@@ -84,6 +89,8 @@ class SamplingParams:
                     or not isinstance(pair[1], int | float) or not -MAX_LOGIT_BIAS <= pair[1] <= MAX_LOGIT_BIAS:
                 raise InvalidArgument(f"logit_bias maps token ids (integers of at least 0) to numbers in "
                                       f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {pair!r}")
+        if self.guide is not None:
+            check_guide(self.guide)
 
     @property
     def greedy(self) -> bool:
@@ -98,6 +105,13 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Whether any of the repetition, presence and frequency penalties is on."""
         return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+
+def check_guide(guide: tuple[str, str]) -> None:
+    """A guide's shape (its grammar is checked when the engine compiles it)."""
+    if (not isinstance(guide, tuple) or len(guide) != 2 or guide[0] not in GUIDE_KINDS
+            or not isinstance(guide[1], str)):
+        raise InvalidArgument(f"a guide is (kind, spec) with kind one of {', '.join(GUIDE_KINDS)}, got {guide!r}")
 
 
 def _is_int(value: object) -> bool:

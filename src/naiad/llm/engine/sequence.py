@@ -7,6 +7,7 @@ Fields are plain ints, strings, lists and enums so that the part crossing a proc
 from __future__ import annotations
 
 import enum
+from typing import Protocol
 
 from naiad.llm.engine.sampling_params import SamplingParams
 
@@ -29,6 +30,15 @@ class FinishReason(enum.StrEnum):
     ABORT = "abort"  # the client went away
 
 
+class Grammar(Protocol):
+    """A structured output's grammar as a sequence follows it (naiad.llm.engine.guided.GrammarState)."""
+
+    def accept(self, token_id: int) -> None: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+
 class Sequence:
     """A request's token state.
 
@@ -40,6 +50,8 @@ class Sequence:
     so they survive preemption. The scheduler stamps `arrival` when the sequence is added;
     the runner reads `sampling_params` to pick each next token. `logprobs` holds one
     `TokenLogprobs` per output token when the sampling params ask for them, else None.
+    `grammar` (set by the engine for a request with a guide) follows the output through its
+    grammar: the runner masks each draw with it, and the sequence stops when it is complete.
     """
 
     __slots__ = (
@@ -48,6 +60,7 @@ class Sequence:
         "block_table",
         "eos_token_ids",
         "finish_reason",
+        "grammar",
         "ignore_eos",
         "logprobs",
         "max_tokens",
@@ -88,6 +101,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
         self.logprobs: list[TokenLogprobs] | None = None if self.sampling_params.logprobs is None else []
+        self.grammar: Grammar | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -127,6 +141,8 @@ class Sequence:
         self.token_ids.append(token_id)
         if self.logprobs is not None and logprobs is not None:
             self.logprobs.append(logprobs)
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
 
     @property
     def banned_token_ids(self) -> tuple[int, ...]:
@@ -136,11 +152,18 @@ class Sequence:
             return ()
         return (() if self.ignore_eos else self.eos_token_ids) + params.stop_token_ids
 
+    @property
+    def ends_with_stop_token(self) -> bool:
+        """Whether the last token is an end-of-sequence token (unless ignored) or a stop token."""
+        last = self.token_ids[-1]
+        return (not self.ignore_eos and last in self.eos_token_ids) or last in self.sampling_params.stop_token_ids
+
     def stop_reason(self, max_model_len: int) -> FinishReason | None:
         """Why the sequence must stop after its last appended token, or None to go on."""
-        last, params = self.token_ids[-1], self.sampling_params
-        stop_token = (not self.ignore_eos and last in self.eos_token_ids) or last in params.stop_token_ids
-        if stop_token and self.num_output_tokens >= params.min_tokens:
+        params = self.sampling_params
+        if self.ends_with_stop_token and self.num_output_tokens >= params.min_tokens:
+            return FinishReason.STOP
+        if self.grammar is not None and self.grammar.finished:
             return FinishReason.STOP
         if self.num_output_tokens >= self.max_tokens or len(self.token_ids) >= max_model_len:
             return FinishReason.LENGTH

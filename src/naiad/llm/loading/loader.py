@@ -89,6 +89,11 @@ def load_model(
     return _build(args, resolve_dtype(dtype, config, device), device, _safetensors(Path(model)), tp)
 
 
+def load_tokenizer(model: Path) -> Tokenizer:
+    """The tokenizer that comes with a model (GGUF metadata or tokenizer.json)."""
+    return Tokenizer.from_gguf(gguf.open_gguf(model)) if gguf.is_gguf(model) else Tokenizer.from_dir(model)
+
+
 def read_args(model: str | Path) -> LlamaArgs:
     """The model's architecture alone (no weights read), from config.json or the GGUF metadata."""
     config = gguf.read_config(gguf.open_gguf(model)) if gguf.is_gguf(model) else read_config(model)
