@@ -108,7 +108,8 @@ async def load(base: str, streams: int, requests: int, extra: dict[str, Any]) ->
         async def worker() -> None:
             while left[0] > 0:
                 left[0] -= 1
-                total[0] += (await chat(session, base, extra))[1]
+                tokens = (await chat(session, base, extra))[1]  # awaited first: `+=` would read the total before
+                total[0] += tokens
 
         began = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(streams)))

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from types import SimpleNamespace
-
 import pytest
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers.models import WordLevel
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.llm import LLMInstance, LLMModel
-from naiad.backends.llm_request import RequestValues
+from naiad.backends.llm import LLMModel
 from naiad.errors import InvalidArgument
-from naiad.llm.loading.tokenizer import Tokenizer
-from naiad.types import InferRequest
 
 
 def _model(parameters: dict[str, str], tmp_path) -> LLMModel:
@@ -97,23 +89,3 @@ def test_placement_comes_from_the_backend_config_when_the_model_config_is_silent
     LLMModel.auto_complete(config, tmp_path, {"backend_config": {"master_port": "twelve"}})
     with pytest.raises(InvalidArgument, match=r"master_port.*must be an integer"):
         LLMModel(config, tmp_path, 1).engine_config()
-
-
-def test_chat_template_kwargs_reach_the_template_and_continuing_cuts_after_the_last_message() -> None:
-    """The backend's chat prompt (LLMInstance._chat_prompt) on a template that reads an extra
-    variable: chat_template_kwargs set it, and continue_final_message ends the prompt right
-    after the last message's text, before the template closes it."""
-    template = ("{% if thinking %}[think]{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}</>"
-                "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
-    instance = SimpleNamespace(tokenizer=Tokenizer(HFTokenizer(WordLevel({"x": 0}, unk_token="x")), template))
-    messages = json.dumps([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Paris is"}])
-
-    def prompt(**parameters: object) -> str:
-        values = RequestValues(InferRequest("m", None, [], parameters=dict(parameters)))
-        return LLMInstance._chat_prompt(instance, messages, values)  # type: ignore[arg-type]
-
-    assert prompt() == "<user>hi</><assistant>Paris is</><assistant>"
-    assert prompt(chat_template_kwargs='{"thinking": true}').startswith("[think]<user>")
-    assert prompt(add_generation_prompt=False, continue_final_message=True) == "<user>hi</><assistant>Paris is"
-    with pytest.raises(InvalidArgument, match="may not set 'add_generation_prompt'"):
-        prompt(chat_template_kwargs='{"add_generation_prompt": false}')

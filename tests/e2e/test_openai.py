@@ -81,7 +81,7 @@ def test_invalid_temperature_is_a_bad_request(client: openai.OpenAI, stream: boo
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "'tools'"),
+    ({"extra_body": {"functions": [{"name": "f", "parameters": {}}]}}, "deprecated function calling"),
     ({"logit_bias": {"x": 5}}, "logit_bias keys are token ids"),
     ({"logit_bias": {"1": 500}}, "logit_bias maps token ids"),
     ({"logit_bias": {"99999999": 5}}, "token id 99999999 is not in the vocabulary"),

@@ -59,6 +59,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, BatchSender, ExecutionTimes, Model, ModelInstance, Outputs, ParameterizedOutputs
+from naiad.backends.llm_prompt import chat_prompt
 from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters, guide
 from naiad.backends.llm_supervisor import EngineSupervisor, RestartPolicy
 from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError, Unavailable
@@ -76,7 +77,7 @@ from naiad.llm.engine.sampling_params import SamplingParams
 from naiad.llm.engine.sequence import FinishReason, TokenLogprobs
 from naiad.llm.loading import gguf
 from naiad.llm.loading.loader import load_tokenizer
-from naiad.llm.loading.tokenizer import TEMPLATE_VARIABLES, IncrementalDetokenizer
+from naiad.llm.loading.tokenizer import IncrementalDetokenizer
 from naiad.observability.metrics import MetricRow
 from naiad.observability.statistics import Histogram
 from naiad.types import InferRequest, RequestedOutput
@@ -393,7 +394,7 @@ class LLMInstance(ModelInstance):
             self._check_vocabulary(prompt, "prompt_token_ids")
         else:
             if values.boolean("apply_chat_template", False):
-                text = self._chat_prompt(text, values)
+                text = chat_prompt(self.tokenizer, text, values)
             prompt = self.tokenizer.encode(text)
         if not prompt:
             raise InvalidArgument("text_input is empty")
@@ -450,7 +451,7 @@ class LLMInstance(ModelInstance):
         if tokenize:
             text = values.text(TEXT_INPUT)
             if values.boolean("apply_chat_template", False):
-                text = self._chat_prompt(text, values)
+                text = chat_prompt(self.tokenizer, text, values)
             ids = self.tokenizer.encode(text)
         elif detokenize:
             ids = values.integers("token_ids")
@@ -506,38 +507,6 @@ class LLMInstance(ModelInstance):
             return
         binary = {"binary_data": True} if request.parameters.get("binary_data_output") is True else {}
         request.outputs = [RequestedOutput(name, dict(binary)) for name in [TEXT_OUTPUT, *sorted(returns)]]
-
-    def _chat_prompt(self, messages_json: str, values: RequestValues) -> str:
-        """The prompt for a JSON array of chat messages, rendered with the model's chat template
-        and the request's template controls (as vLLM reads them)."""
-        try:
-            messages = json.loads(messages_json)
-        except ValueError:
-            raise InvalidArgument("with apply_chat_template, text_input must be a JSON array of messages") from None
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise InvalidArgument("with apply_chat_template, text_input must be a JSON array of message objects")
-        generation_prompt = values.boolean("add_generation_prompt", True)
-        continuing = values.boolean("continue_final_message", False)
-        if continuing and generation_prompt:
-            raise InvalidArgument("continue_final_message needs add_generation_prompt false (as vLLM)")
-        variables = values.mapping("chat_template_kwargs")
-        reserved = sorted(set(variables) & TEMPLATE_VARIABLES)
-        if reserved:
-            raise InvalidArgument(f"chat_template_kwargs may not set '{reserved[0]}': the server sets it")
-        final = messages[-1].get("content") if messages else None
-        if continuing and (messages[-1].get("role") != "assistant" or not isinstance(final, str) or not final):
-            raise InvalidArgument("continue_final_message needs a last message from the assistant with text")
-        try:
-            prompt = self.tokenizer.apply_chat_template(messages, generation_prompt, **variables)
-        except (ValueError, TypeError) as error:
-            raise InvalidArgument(str(error)) from None
-        if continuing:  # end right after the final message's text, before the template closes it
-            assert isinstance(final, str)
-            end = prompt.rfind(final)
-            if end < 0:
-                raise InvalidArgument("continue_final_message: the chat template changed the last message's text")
-            prompt = prompt[: end + len(final)]
-        return prompt
 
     # ------------------------------------------------------------------------ the core's outputs
 

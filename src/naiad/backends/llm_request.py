@@ -22,6 +22,8 @@ REQUEST_PARAMETERS = frozenset({
     "min_tokens", "return_finish_reason", "return_num_tokens", "return_logprobs", "logit_bias",
     # vLLM's chat-template controls (with apply_chat_template) and stop-string option
     "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "include_stop_str_in_output",
+    # function calling: the tools the chat template (or the system message) describes
+    "tools",
     # the tokenizer alone (vLLM's /tokenize and /detokenize)
     "tokenize", "detokenize", "token_ids",
     # a prompt given as token ids, with an empty text_input

@@ -51,7 +51,7 @@ def test_settings_become_backend_parameters() -> None:
 
 
 @pytest.mark.parametrize(("chat", "body", "message"), [
-    (True, {"tools": [{"type": "function"}]}, "'tools'"),
+    (True, {"tools": [{"type": "function"}]}, "'tools[0]' must be"),
     (True, {"tool_choice": "required"}, "'tool_choice'"),
     (True, {"response_format": {"type": "json_schema"}}, "needs a 'json_schema' object"),
     (False, {"echo": True}, "'echo'"),

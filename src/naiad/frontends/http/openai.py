@@ -43,6 +43,7 @@ from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
 from naiad.frontends.http.openai_guided import GUIDED_FIELDS, guided_parameters
 from naiad.frontends.http.openai_tasks import check_fields, embedding_models
+from naiad.frontends.http.openai_tools import Tools, parse_tools
 from naiad.frontends.http.reasoning import CONFIG_KEY as REASONING_KEY
 from naiad.frontends.http.reasoning import ReasoningSplitter, thinks_first
 from naiad.frontends.http.reply import HTTP_STATUS, Headers, Reply, StreamReply
@@ -145,6 +146,7 @@ class _Call:
     created: int = 0
     n: int = 1  # choices per prompt
     thinks_first: bool | None = None  # with a reasoning parser: whether answers start as reasoning
+    tools: Tools | None = None  # function calling (openai_tools.py)
 
     @classmethod
     def parse(cls, server: InferenceServer, body: Body, chat: bool) -> _Call:
@@ -168,9 +170,16 @@ class _Call:
         parameters = _sampling(body)
         # A stream reports its token counts only in the usage chunk: not asked, not sent.
         parameters.update(stream=stream, return_finish_reason=True, return_num_tokens=not stream or include_usage)
+        tools = parse_tools(body) if chat else None
         if chat:
             parameters["apply_chat_template"] = True
             parameters.update(template_controls(body))
+        if tools is not None:
+            tool_parameters = tools.backend_parameters()
+            if tools.forced is not None and any(key.startswith("guided_") for key in parameters):
+                raise InvalidArgument("tool_choice required or a named function goes with no response_format "
+                                      "or guided_* field")
+            parameters.update(tool_parameters)
         if logprobs is not None:
             parameters["logprobs"] = logprobs
         requests = []  # choice p * n + i is the i-th of prompt p's, as OpenAI orders them
@@ -186,7 +195,7 @@ class _Call:
                     prompt_input = text_input(prompt)
                 requests.append(InferRequest(model, None, [prompt_input], parameters=choice_parameters))
         return cls(model, chat, stream, include_usage, logprobs, requests, _new_id(chat), int(time.time()), n,
-                   _reasoning(server, model) if chat else None)
+                   _reasoning(server, model) if chat else None, tools)
 
     # -- answers
 
@@ -200,10 +209,16 @@ class _Call:
         body: Body = {"index": index, "finish_reason": choice.finish_reason or "stop",
                       "logprobs": self._logprobs(choice.logprobs, 0) if self.logprobs is not None else None}
         if self.chat:
-            body["message"] = {"role": "assistant", "content": choice.text}
+            message: Body = {"role": "assistant", "content": choice.text}
             if self.thinks_first is not None:
                 reasoning, content = ReasoningSplitter(self.thinks_first).push(choice.text, final=True)
-                body["message"].update(content=content, reasoning_content=reasoning or None)
+                message.update(content=content, reasoning_content=reasoning or None)
+            if self.tools is not None:
+                message["content"], calls = self.tools.split(message["content"])
+                if calls:
+                    message["tool_calls"] = calls
+                    body["finish_reason"] = "tool_calls"
+            body["message"] = message
         else:
             body["text"] = choice.text
         return body
@@ -224,6 +239,14 @@ class _Call:
             choice["text"] = text
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
         body["choices"] = [choice]
+        return body
+
+    def tool_calls_chunk(self, index: int, content: str | None, calls: list[Body]) -> Body:
+        """A choice's calls (and the text around them), once its answer is complete."""
+        delta: Body = {"role": "assistant", "content": content,
+                       "tool_calls": [{"index": position, **tool_call} for position, tool_call in enumerate(calls)]}
+        body = self._envelope("chat.completion.chunk")
+        body["choices"] = [{"index": index, "finish_reason": None, "logprobs": None, "delta": delta}]
         return body
 
     def usage_chunk(self, choices: list[_Choice]) -> Body:
@@ -271,10 +294,9 @@ def llm_model(server: InferenceServer, model: Any) -> str:
 def _check_fields(body: Body, chat: bool) -> None:
     check_fields(body, _COMMON | _IGNORED | (_CHAT_ONLY if chat else _COMPLETION_ONLY))
     refused = [
-        ("tools", bool(body.get("tools")), "tools (function calling)"),
-        ("functions", bool(body.get("functions")), "functions (function calling)"),
-        ("tool_choice", body.get("tool_choice") not in (None, "none", "auto"), "tool_choice"),
-        ("function_call", body.get("function_call") not in (None, "none", "auto"), "function_call"),
+        ("functions", bool(body.get("functions")), "functions (the deprecated function calling: use tools)"),
+        ("function_call", body.get("function_call") not in (None, "none", "auto"),
+         "function_call (the deprecated function calling: use tool_choice)"),
         ("echo", bool(body.get("echo")), "echo"),
         ("suffix", bool(body.get("suffix")), "suffix"),
         ("best_of", body.get("best_of") not in (None, 1), "best_of other than 1"),
@@ -340,8 +362,36 @@ def messages_json(messages: Any) -> str:
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidArgument("each message needs a string 'role' and a 'content'")
-        texts.append({"role": message["role"], "content": _content(message.get("content"), index)})
+        entry: Body = {"role": message["role"]}
+        calls = message.get("tool_calls")
+        if calls is not None:  # an assistant's earlier calls: its content may be null
+            entry["tool_calls"] = _tool_calls(calls, index, message["role"])
+            entry["content"] = None if message.get("content") is None else _content(message["content"], index)
+        else:
+            entry["content"] = _content(message.get("content"), index)
+        if message["role"] == "tool":
+            if not isinstance(message.get("tool_call_id"), str):
+                raise InvalidArgument(f"'messages[{index}]': a tool message needs a string 'tool_call_id'")
+            entry["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str):
+            entry["name"] = message["name"]
+        texts.append(entry)
     return json.dumps(texts)
+
+
+def _tool_calls(calls: Any, index: int, role: str) -> list[Body]:
+    if role != "assistant" or not isinstance(calls, list):
+        raise InvalidArgument(f"'messages[{index}].tool_calls' must be an array, on an assistant's message")
+    checked = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments"), str)):
+            raise InvalidArgument(f"'messages[{index}].tool_calls': each call needs a 'function' with a string "
+                                  "'name' and 'arguments'")
+        checked.append({"id": call.get("id"), "type": "function",
+                        "function": {"name": function["name"], "arguments": function["arguments"]}})
+    return checked
 
 
 def _content(content: Any, index: int) -> str:
@@ -558,6 +608,7 @@ class _Events:
         call = self.call
         choices = [_Choice() for _ in call.requests]
         splitters = [ReasoningSplitter(call.thinks_first) for _ in choices] if call.thinks_first is not None else None
+        held = [""] * len(choices)  # with tools: each choice's text so far
         open_choices = len(choices)
         pending = list(self.first)
         while open_choices:
@@ -579,10 +630,21 @@ class _Events:
             reasoning, text = "", piece.text
             if splitters is not None:
                 reasoning, text = splitters[index].push(piece.text, final=bool(piece.finish_reason))
+            finish_reason = piece.finish_reason
+            if call.tools is not None:  # the text is held back until the calls in it can be found
+                held[index] += text
+                text = ""
+                if finish_reason:
+                    content, calls = call.tools.split(held[index])
+                    if calls:
+                        yield _sse(call.tool_calls_chunk(index, content, calls))
+                        finish_reason = "tool_calls"
+                    else:
+                        text = content or ""
             if text or reasoning or piece.logprobs:
                 yield _sse(call.chunk(index, text, piece.logprobs, offset, reasoning=reasoning))
-            if piece.finish_reason:
-                yield _sse(call.chunk(index, "", [], 0, piece.finish_reason))
+            if finish_reason:
+                yield _sse(call.chunk(index, "", [], 0, finish_reason))
         if call.include_usage:
             yield _sse(call.usage_chunk(choices))
         yield _DONE
