@@ -159,3 +159,18 @@ def test_fifty_schemas_give_valid_json_at_temperature_one(tokenizer: Tokenizer) 
         seq = finished[request_id]
         assert seq.finish_reason == "stop", tokenizer.decode(seq.output_token_ids)
         jsonschema.validate(json.loads(tokenizer.decode(seq.output_token_ids)), schema, format_checker=checker)
+
+
+def test_objects_that_list_properties_are_closed_unless_they_say_otherwise() -> None:
+    from naiad.llm.engine.guided import closed
+
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}},
+                                               "properties": {"type": "integer"}},
+              "$defs": {"d": {"properties": {"x": {}}, "additionalProperties": True}},
+              "anyOf": [{"properties": {}}], "items": {"properties": {}}}
+    out = closed(schema)
+    assert out["additionalProperties"] is False and out["properties"]["a"]["additionalProperties"] is False
+    assert out["properties"]["properties"] == {"type": "integer"}  # a property's name is not a keyword
+    assert out["$defs"]["d"]["additionalProperties"] is True
+    assert out["anyOf"][0]["additionalProperties"] is False and out["items"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the caller's schema is left as it was

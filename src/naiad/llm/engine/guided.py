@@ -14,7 +14,8 @@ fills the masks on a thread of its own, without the GIL, while torch runs the fo
 sampler then sets the logits of the tokens a mask forbids to -inf on those rows only.
 
 JSON is generated compact (no whitespace between tokens; a schema's own `x-guidance` may ask
-otherwise): a small model at temperature 1 would otherwise spend its tokens on blank lines.
+otherwise): a small model at temperature 1 would otherwise spend its tokens on blank lines. An
+object schema that lists properties admits no others unless it says so (`closed`).
 """
 
 from __future__ import annotations
@@ -44,9 +45,12 @@ def grammar_text(kind: str, spec: str) -> str:
 
     if kind == "json_schema":
         try:
-            return LLMatcher.grammar_from_json_schema(spec, defaults=_JSON_OPTIONS)
+            schema = json.loads(spec)
         except ValueError as error:
-            raise InvalidArgument(f"the JSON schema is not a JSON object: {error}") from None
+            raise InvalidArgument(f"the JSON schema is not valid JSON: {error}") from None
+        if not isinstance(schema, dict):
+            raise InvalidArgument("the JSON schema is not a JSON object")
+        return LLMatcher.grammar_from_json_schema(closed(schema), defaults=_JSON_OPTIONS)
     if kind == "json_object":
         return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
     if kind == "regex":
@@ -63,6 +67,33 @@ def grammar_text(kind: str, spec: str) -> str:
     if kind == "grammar":
         return LLMatcher.grammar_from_lark(spec)
     raise InvalidArgument(f"unknown guide kind {kind!r}")
+
+
+_SUBSCHEMA = ("items", "additionalItems", "contains", "not", "if", "then", "else")
+_SUBSCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def closed(schema: Any) -> Any:
+    """The schema with every object that lists its properties but says nothing of others closed
+    to them (`additionalProperties: false`), as vLLM's default grammar engine (xgrammar, strict
+    mode) reads schemas: a tool's or a client's schema rarely means "and anything else", and a
+    model at temperature 1 will otherwise invent properties until max_tokens."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMA:
+        if key in out:
+            out[key] = closed(out[key])
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(item) for item in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(item) for name, item in out[key].items()}
+    return out
 
 
 class GrammarState:
