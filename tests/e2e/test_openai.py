@@ -382,3 +382,14 @@ def test_a_prompt_given_as_token_ids_answers_as_its_text(client: openai.OpenAI, 
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=MODEL, prompt=[ids[0], 10**9], max_tokens=2)
     assert "prompt_token_ids: token id 1000000000 is not in the vocabulary" in caught.value.message
+
+
+def test_each_choice_says_where_its_time_went(client: openai.OpenAI) -> None:
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=8)
+    timings = answer.choices[0].model_extra["timings"]  # type: ignore[index]
+    assert set(timings) == {"queue_ms", "prefill_ms", "decode_ms"} and min(timings.values()) >= 0
+    assert timings["prefill_ms"] > 0 and timings["decode_ms"] > 0  # 8 tokens: a prefill, then 7 steps
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=8,
+                                                 stream=True, stream_options={"include_usage": True}))
+    finish = next(chunk.choices[0] for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason)
+    assert set(finish.model_extra["timings"]) == {"queue_ms", "prefill_ms", "decode_ms"}  # type: ignore[index]

@@ -15,7 +15,8 @@ Extra outputs, sent only when asked (`return_finish_reason`, `return_num_tokens`
 `return_logprobs` or `logprobs`, or by naming them as requested outputs) so that /generate
 answers with text_output alone by default: `finish_reason` ("stop", "length" or "abort"; ""
 before the end), `prompt_tokens` (with the response parameter `cached_tokens`: how many of them
-the prefix cache held) and `completion_tokens` (so far), and `logprobs` (a JSON array,
+the prefix cache held, and on the last response `queue_ms`, `prefill_ms` and `decode_ms`: where
+the request's time went) and `completion_tokens` (so far), and `logprobs` (a JSON array,
 one entry per output token the response covers: {"id", "token", "logprob", "bytes", "top":
 [{"id", "token", "logprob", "bytes"}, ...]}). Every response of a request carries the same
 outputs (the builder needs each requested output in each response).
@@ -219,6 +220,8 @@ class _Request:
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # for the next response that goes out
     arrival: float = 0.0  # time.monotonic() when handed to the engine
     last_token_at: float | None = None  # when its latest tokens arrived (None: none yet)
+    first_token_at: float | None = None
+    scheduled_at: float = 0.0  # when the engine first batched it (the engine's clock is this one)
 
 
 #: vLLM's buckets for the same two histograms, in seconds
@@ -253,6 +256,7 @@ class LLMMetrics:
             self.generation_tokens += count
             if request.last_token_at is None:
                 self.ttft.observe(now - request.arrival)
+                request.first_token_at = now
             else:
                 self.itl.observe(now - request.last_token_at)
         request.last_token_at = now
@@ -553,6 +557,7 @@ class LLMInstance(ModelInstance):
         its sequence finished or a stop string ended it. Returns whether it is closed."""
         new = output.new_token_ids
         done = output.finish_reason is not None
+        request.scheduled_at = output.scheduled_at or request.scheduled_at
         if new:
             now = time.monotonic()
             self.metrics_state.tokens_out(request, len(new), now)
@@ -599,6 +604,8 @@ class LLMInstance(ModelInstance):
         if PROMPT_TOKENS in returns:
             outputs[PROMPT_TOKENS] = np.array([counts[0]], dtype=np.int32)
             outputs.parameters["cached_tokens"] = counts[2]
+            if reason is not None:
+                outputs.parameters.update(_timings(request))
         if COMPLETION_TOKENS in returns:
             outputs[COMPLETION_TOKENS] = np.array([counts[1]], dtype=np.int32)
         if LOGPROBS in returns:
@@ -617,6 +624,17 @@ class LLMInstance(ModelInstance):
             text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return {"id": token_id, "token": text, "logprob": max(logprob, MIN_LOGPROB),
                 "bytes": list(text.encode("utf-8"))}
+
+
+def _timings(request: _Request) -> dict[str, float]:
+    """A finished request's time in the queue (until the engine first batched it), in prefill
+    (until its first token reached the backend) and in decode (the rest), in milliseconds."""
+    end = time.monotonic()
+    scheduled = request.scheduled_at or request.arrival
+    first = request.first_token_at or end
+    return {"queue_ms": round(max(0.0, scheduled - request.arrival) * 1e3, 3),
+            "prefill_ms": round(max(0.0, first - scheduled) * 1e3, 3),
+            "decode_ms": round(max(0.0, end - first) * 1e3, 3)}
 
 
 def _text(text: str) -> Outputs:

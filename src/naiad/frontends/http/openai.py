@@ -9,7 +9,9 @@ may not import naiad.llm. The backend is asked for its finish reason, token coun
 client wants them, logprobs (with the token strings: the tokenizer is the backend's), which make
 `usage`, `finish_reason` and `logprobs` here. `stream: true` answers with server-sent events
 `data: {...}` ending in `data: [DONE]`, chunks of the choices interleaved as they come, and with
-`stream_options.include_usage` a last chunk with the usage.
+`stream_options.include_usage` a last chunk with the usage. Each choice also says where its
+request's time went, `timings: {"queue_ms", "prefill_ms", "decode_ms"}` (waiting for the engine
+to batch it, until its first token, the rest; streamed: in its finish chunk, with include_usage).
 
 A message's `content` may be an array of text parts (joined by newlines, as vLLM); `prompt` may be
 an array of token ids, or an array of strings or of such arrays (choice `p * n + i` is the i-th of
@@ -208,6 +210,8 @@ class _Call:
     def _choice(self, index: int, choice: _Choice) -> Body:
         body: Body = {"index": index, "finish_reason": choice.finish_reason or "stop",
                       "logprobs": self._logprobs(choice.logprobs, 0) if self.logprobs is not None else None}
+        if choice.timings is not None:
+            body["timings"] = choice.timings
         if self.chat:
             message: Body = {"role": "assistant", "content": choice.text}
             if self.thinks_first is not None:
@@ -224,10 +228,12 @@ class _Call:
         return body
 
     def chunk(self, index: int, text: str, logprobs: list[Body], offset: int,
-              finish_reason: str | None = None, reasoning: str = "") -> Body:
+              finish_reason: str | None = None, reasoning: str = "", timings: Body | None = None) -> Body:
         choice: Body = {"index": index, "finish_reason": finish_reason,
                         "logprobs": self._logprobs(logprobs, offset) if logprobs and self.logprobs is not None
                         else None}
+        if timings is not None:
+            choice["timings"] = timings
         if self.chat:
             delta: Body = {"role": "assistant"}
             if reasoning:
@@ -485,6 +491,11 @@ class _Piece:
     completion_tokens: int | None = None
     logprobs: list[Body] = field(default_factory=list)
     cached_tokens: int | None = None
+    timings: Body | None = None  # on the last: queue_ms, prefill_ms, decode_ms
+
+
+#: the backend's response parameters that say where a request's time went
+TIMINGS = ("queue_ms", "prefill_ms", "decode_ms")
 
 
 @dataclass(slots=True)
@@ -498,8 +509,10 @@ class _Choice:
     logprobs: list[Body] = field(default_factory=list)
     offset: int = 0  # text length of its logprob tokens so far (completions' text_offset)
     cached_tokens: int = 0  # of the prompt's, found in the prefix cache
+    timings: Body | None = None
 
     def add(self, piece: _Piece) -> None:
+        self.timings = piece.timings or self.timings
         self.text += piece.text
         self.finish_reason = piece.finish_reason or self.finish_reason
         if piece.prompt_tokens is not None:
@@ -536,6 +549,8 @@ def response_piece(response: InferResponse) -> _Piece:
     cached = response.parameters.get("cached_tokens")
     if isinstance(cached, int):
         piece.cached_tokens = cached
+    if "decode_ms" in response.parameters:
+        piece.timings = {key: response.parameters.get(key) for key in TIMINGS}
     for tensor in response.outputs:
         values = np.asarray(tensor.data).ravel().tolist()
         if tensor.name == "text_output":
@@ -644,7 +659,7 @@ class _Events:
             if text or reasoning or piece.logprobs:
                 yield _sse(call.chunk(index, text, piece.logprobs, offset, reasoning=reasoning))
             if finish_reason:
-                yield _sse(call.chunk(index, "", [], 0, finish_reason))
+                yield _sse(call.chunk(index, "", [], 0, finish_reason, timings=choice.timings))
         if call.include_usage:
             yield _sse(call.usage_chunk(choices))
         yield _DONE

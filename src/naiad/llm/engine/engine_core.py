@@ -86,6 +86,9 @@ class RequestOutput(msgspec.Struct, array_like=True):
     #: on a "stop" finish: whether the last token is an end-of-sequence or stop token (it has no
     #: text), not the end of a structured output's grammar (it has)
     on_stop_token: bool = False
+    #: time.monotonic() (one clock for every process of the machine) when the request first
+    #: joined the batch: its queueing ends there
+    scheduled_at: float = 0.0
 
 
 class EngineStats(msgspec.Struct, array_like=True):
@@ -232,7 +235,7 @@ class EngineCore:
             reason = str(seq.finish_reason) if seq.is_finished and seq.finish_reason is not None else None
             outputs.append(RequestOutput(request_id, seq.output_token_ids[sent:], logprobs, reason,
                                          seq.num_prompt_tokens, seq.num_cached_tokens,
-                                         seq.is_finished and seq.ends_with_stop_token))
+                                         seq.is_finished and seq.ends_with_stop_token, seq.first_scheduled))
             self._sent[request_id] = total
             if seq.is_finished:
                 del self._active[request_id], self._sent[request_id]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from bisect import insort
 from dataclasses import dataclass, field
 
@@ -231,6 +232,8 @@ class StepScheduler:
             heapq.heappop(self.waiting)
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
+            if not seq.first_scheduled:
+                seq.first_scheduled = time.monotonic()
             insort(self.running, seq, key=_order)
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             output.add(seq, num_tokens)

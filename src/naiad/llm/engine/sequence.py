@@ -60,6 +60,7 @@ class Sequence:
         "block_table",
         "eos_token_ids",
         "finish_reason",
+        "first_scheduled",
         "grammar",
         "ignore_eos",
         "logprobs",
@@ -94,6 +95,7 @@ class Sequence:
         self.priority = priority
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.arrival = -1
+        self.first_scheduled = 0.0  # time.monotonic() when it first joined the batch (0: not yet)
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.num_computed_tokens = 0
