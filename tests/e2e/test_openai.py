@@ -311,6 +311,9 @@ def test_tokenize_gives_the_tokens_generation_sees(server: ServerProcess, tokeni
     body = answer.json()
     assert body["tokens"] == tokenizer.encode("The capital of France") and body["count"] == len(body["tokens"])
     assert body["max_model_len"] > body["count"] and body["token_strs"] is None
+    strs = post_json(server.url, "/tokenize", {"model": MODEL, "prompt": "The capital of France",
+                                               "return_token_strs": True}).json()["token_strs"]
+    assert strs == ["The", "Ġcapital", "Ġof", "ĠFrance"]  # the vocabulary's entries (byte-level BPE), as vLLM
     chat = post_json(server.url, "/tokenize", {"model": MODEL, "messages": QUESTION}).json()
     assert chat["tokens"] == tokenizer.encode(tokenizer.apply_chat_template(QUESTION))
     bare = post_json(server.url, "/tokenize", {"model": MODEL, "messages": QUESTION, "add_generation_prompt": False})
@@ -336,6 +339,7 @@ def test_detokenize_turns_the_tokens_back_into_the_text(server: ServerProcess, t
      "needs add_generation_prompt false"),
     ("/detokenize", {"model": MODEL, "tokens": [1, 10**9]}, 400, "token id 1000000000 is not in the vocabulary"),
     ("/detokenize", {"model": MODEL, "tokens": "1 2"}, 400, "'tokens' must be an array of token ids"),
+    ("/tokenize", {"model": MODEL, "prompt": "x", "return_token_strs": 1}, 400, "must be true or false"),
 ])
 def test_tokenize_and_detokenize_refuse_bad_requests(server: ServerProcess, path: str, document: dict[str, Any],
                                                      status: int, message: str) -> None:

@@ -466,6 +466,8 @@ class LLMInstance(ModelInstance):
         self._request_outputs(request, set())
         answer = ParameterizedOutputs(_text(text))
         answer.parameters = {"token_ids": json.dumps(ids), "max_model_len": self.max_model_len}
+        if tokenize and values.boolean("return_token_strs", False):  # the vocabulary's entries, as vLLM's
+            answer.parameters["token_strs"] = json.dumps([self.tokenizer.tokenizer.id_to_token(i) for i in ids])
         return answer
 
     def _logit_bias(self, values: RequestValues) -> tuple[tuple[int, float], ...]:

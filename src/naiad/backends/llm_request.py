@@ -25,7 +25,7 @@ REQUEST_PARAMETERS = frozenset({
     # function calling: the tools the chat template (or the system message) describes
     "tools",
     # the tokenizer alone (vLLM's /tokenize and /detokenize)
-    "tokenize", "detokenize", "token_ids",
+    "tokenize", "detokenize", "token_ids", "return_token_strs",
     # a prompt given as token ids, with an empty text_input
     "prompt_token_ids",
     # structured outputs (vLLM's guided decoding fields; at most one): see `guide`

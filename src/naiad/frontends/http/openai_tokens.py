@@ -27,18 +27,24 @@ from naiad.types import InferRequest, InferResponse
 
 _encoder = msgspec.json.Encoder()
 _TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_generation_prompt", "continue_final_message",
-                    "chat_template_kwargs"}
+                    "chat_template_kwargs", "return_token_strs"}
 
 
 async def tokenize(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
     """vLLM's `POST /tokenize`: a `prompt`, or chat `messages` with the template controls, to the
-    token ids generation would see (`{"count", "max_model_len", "tokens", "token_strs": null}`)."""
+    token ids generation would see (`{"count", "max_model_len", "tokens", "token_strs"}`;
+    `token_strs`, the tokens' vocabulary entries, with `return_token_strs` true, else null)."""
     try:
         document = parse_body(body)
         await server.loaded(document.get("model"))
         model = llm_model(server, document.get("model"))
         check_fields(document, _TOKENIZE_FIELDS)
         parameters: dict[str, Any] = {"tokenize": True}
+        strs = document.get("return_token_strs")
+        if strs is not None and not isinstance(strs, bool):
+            raise InvalidArgument("'return_token_strs' must be true or false")
+        if strs:
+            parameters["return_token_strs"] = True
         if "messages" in document:
             if "prompt" in document:
                 raise InvalidArgument("give either 'prompt' or 'messages'")
@@ -50,8 +56,9 @@ async def tokenize(server: InferenceServer, route: Route, body: bytes, headers: 
             raise InvalidArgument("'prompt' must be a string (or give 'messages')")
         answer = await _tokens(server, InferRequest(model, None, [text_input(text)], parameters=parameters))
         tokens = json.loads(answer.parameters["token_ids"])
+        token_strs = json.loads(answer.parameters["token_strs"]) if strs else None
         return Reply(200, _encoder.encode({"count": len(tokens), "max_model_len": answer.parameters["max_model_len"],
-                                           "tokens": tokens, "token_strs": None}))
+                                           "tokens": tokens, "token_strs": token_strs}))
     except NaiadError as error:
         return openai_error(error)
 
