@@ -88,6 +88,9 @@ def test_sampling_parameters(server: ServerProcess, prompt: str) -> None:
     ({"parameters": {"temprature": 0}}, "unknown parameter 'temprature'"),
     ({"repetition_penalty": 0}, "repetition_penalty must be a number above 0"),
     ({"logprobs": 21}, "logprobs must be an integer in [0, 20]"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs must be an integer in [0, 20]"),
+    ({"guided_regex": "(unclosed"}, "regex cannot be used"),
+    ({"guided_json": "[1]"}, "'guided_json' must be a JSON object"),
     ({"stop": ""}, "'stop' must be a non-empty string"),
     ({"min_tokens": 30, "max_tokens": 20}, "min_tokens (30) must not exceed max_tokens (20)"),
 ])

@@ -397,3 +397,32 @@ def test_each_choice_says_where_its_time_went(client: openai.OpenAI) -> None:
                                                  stream=True, stream_options={"include_usage": True}))
     finish = next(chunk.choices[0] for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason)
     assert set(finish.model_extra["timings"]) == {"queue_ms", "prefill_ms", "decode_ms"}  # type: ignore[index]
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_reads_it(client: openai.OpenAI,
+                                                                   tokenizer: Tokenizer) -> None:
+    """lm-eval-harness' loglikelihood request: echo, logprobs 1, max_tokens 1, temperature 0; the
+    prompt tokens' logprobs come first (the first null), then the generated token's."""
+    prompt = "The capital of France is"
+    ids = tokenizer.encode(prompt)
+    answer = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=1,
+                                       temperature=0)
+    choice = answer.choices[0]
+    logprobs = choice.logprobs
+    assert logprobs is not None and logprobs.tokens is not None and logprobs.token_logprobs is not None
+    assert choice.text.startswith(prompt) and len(logprobs.tokens) == len(ids) + 1
+    assert "".join(logprobs.tokens) == choice.text
+    assert logprobs.token_logprobs[0] is None and all(v <= 0 for v in logprobs.token_logprobs[1:])
+    assert logprobs.top_logprobs is not None and logprobs.top_logprobs[0] is None
+    assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(len(logprobs.tokens))]
+    # The same score two ways: the generated token's logprob, and its logprob as a prompt token.
+    generated = logprobs.token_logprobs[-1]
+    scored = client.completions.create(model=MODEL, prompt=[*ids, tokenizer.encode(choice.text[len(prompt):])[0]],
+                                       echo=True, logprobs=0, max_tokens=1, temperature=0)
+    scored_logprobs = scored.choices[0].logprobs
+    assert scored_logprobs is not None and scored_logprobs.token_logprobs is not None
+    assert scored.choices[0].text.startswith(choice.text)  # a token-id prompt is echoed as text
+    assert abs(scored_logprobs.token_logprobs[len(ids)] - generated) < 1e-3
+    streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(
+        model=MODEL, prompt=prompt, echo=True, max_tokens=1, temperature=0, stream=True) if chunk.choices)
+    assert streamed == choice.text

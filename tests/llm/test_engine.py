@@ -186,3 +186,28 @@ def test_logprobs_are_kept_per_output_token_only_when_asked(tiny_models: dict[st
     draws = finished[sampled]
     assert draws.logprobs is not None and len(draws.logprobs) == 5
     assert all(ids == values == [] and logprob <= 0 for logprob, ids, values in draws.logprobs)
+
+
+def test_prompt_logprobs_match_transformers_through_chunks_and_past_the_prefix_cache(
+        tiny_models: dict[str, Path]) -> None:
+    import torch
+
+    engine = _engine(tiny_models["llama"], max_num_batched_tokens=8)  # the prompt goes in chunks
+    prompt = PREFIX + tokens(9, 5)
+    engine.generate([prompt], 2)  # its blocks are in the prefix cache now
+    request_id = engine.add_request(prompt, 1, sampling_params=SamplingParams(temperature=0.0, prompt_logprobs=3))
+    finished: dict[str, Sequence] = {}
+    while engine.has_unfinished():
+        finished.update((seq.seq_id, seq) for seq in engine.step())
+    seq = finished[request_id]
+    assert seq.num_cached_tokens == 0  # computed again: cached tokens have no logits
+    with torch.no_grad():
+        reference = hf_model(tiny_models["llama"])(torch.tensor([prompt])).logits[0].log_softmax(-1)
+    entries = seq.prompt_logprobs
+    assert entries is not None and len(entries) == len(prompt) and entries[0] is None
+    for position in range(1, len(prompt)):
+        entry = entries[position]
+        assert entry is not None
+        own, top_ids, _ = entry
+        assert abs(own - reference[position - 1, prompt[position]].item()) < 1e-4
+        assert top_ids == reference[position - 1].topk(3).indices.tolist()

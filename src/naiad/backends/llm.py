@@ -221,6 +221,8 @@ class _Request:
     arrival: float = 0.0  # time.monotonic() when handed to the engine
     last_token_at: float | None = None  # when its latest tokens arrived (None: none yet)
     first_token_at: float | None = None
+    echo: bool = False  # the first response carries the prompt's text (response parameter prompt_text)
+    prompt_extras: dict[str, Any] | None = None  # response parameters for the next response out
     scheduled_at: float = 0.0  # when the engine first batched it (the engine's clock is this one)
 
 
@@ -429,15 +431,20 @@ class LLMInstance(ModelInstance):
             stop_token_ids=tuple(values.integers("stop_token_ids")),
             logit_bias=self._logit_bias(values),
             guide=guide(values),
+            prompt_logprobs=values.optional_integer("prompt_logprobs"),
         )
         if logprobs is not None:
             returns |= {LOGPROBS} & self.output_names
         self._request_outputs(request, returns)
         stops = values.strings("stop")
-        return _Request(send, cancelled, prompt, max_tokens, sampling, values.boolean("ignore_eos", False),
-                        values.boolean("stream", False), self.tokenizer.detokenizer(),
-                        StopStrings(stops, values.boolean("include_stop_str_in_output", False)) if stops else None,
-                        frozenset(returns))
+        parsed = _Request(send, cancelled, prompt, max_tokens, sampling, values.boolean("ignore_eos", False),
+                          values.boolean("stream", False), self.tokenizer.detokenizer(),
+                          StopStrings(stops, values.boolean("include_stop_str_in_output", False)) if stops else None,
+                          frozenset(returns))
+        parsed.echo = values.boolean("echo", False)
+        if parsed.echo:
+            parsed.prompt_extras = {"prompt_text": self.tokenizer.decode(prompt, skip_special_tokens=False)}
+        return parsed
 
     def _tokens_answer(self, request: InferRequest) -> Outputs | None:
         """For `tokenize` (the prompt's token ids, as generation would encode it: chat template
@@ -560,6 +567,11 @@ class LLMInstance(ModelInstance):
         new = output.new_token_ids
         done = output.finish_reason is not None
         request.scheduled_at = output.scheduled_at or request.scheduled_at
+        if output.prompt_logprobs is not None:
+            entries = [None if entry is None else self._logprobs_json([token], [entry])[0]
+                       for token, entry in zip(request.prompt, output.prompt_logprobs, strict=True)]
+            entries[0] = {**self._token_json(request.prompt[0], 0.0), "logprob": None, "top": []}
+            request.prompt_extras = {**(request.prompt_extras or {}), "prompt_logprobs": json.dumps(entries)}
         if new:
             now = time.monotonic()
             self.metrics_state.tokens_out(request, len(new), now)
@@ -598,9 +610,12 @@ class LLMInstance(ModelInstance):
         `cached_tokens` beside `prompt_tokens` (a parameter: configs that list their outputs
         need not declare it)."""
         returns = request.returns
-        if not returns:
+        if not returns and request.prompt_extras is None:
             return _text(text)
         outputs = ParameterizedOutputs(_text(text))
+        if request.prompt_extras is not None:  # on the first response out only
+            outputs.parameters.update(request.prompt_extras)
+            request.prompt_extras = None
         if FINISH_REASON in returns:
             outputs[FINISH_REASON] = np.array([(reason.value if reason is not None else "").encode()], dtype=object)
         if PROMPT_TOKENS in returns:

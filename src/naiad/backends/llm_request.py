@@ -26,6 +26,8 @@ REQUEST_PARAMETERS = frozenset({
     "tools",
     # the tokenizer alone (vLLM's /tokenize and /detokenize)
     "tokenize", "detokenize", "token_ids", "return_token_strs",
+    # the prompt's own logprobs, and its text (OpenAI's echo)
+    "prompt_logprobs", "echo",
     # a prompt given as token ids, with an empty text_input
     "prompt_token_ids",
     # structured outputs (vLLM's guided decoding fields; at most one): see `guide`

@@ -54,7 +54,7 @@ def test_settings_become_backend_parameters() -> None:
     (True, {"tools": [{"type": "function"}]}, "'tools[0]' must be"),
     (True, {"tool_choice": "required"}, "'tool_choice'"),
     (True, {"response_format": {"type": "json_schema"}}, "needs a 'json_schema' object"),
-    (False, {"echo": True}, "'echo'"),
+    (False, {"echo": "yes"}, "'echo' must be true or false"),
     (False, {"suffix": "x"}, "'suffix'"),
     (False, {"best_of": 2}, "'best_of'"),
     (True, {"logit_bias": [3, 1]}, "'logit_bias' must be an object"),

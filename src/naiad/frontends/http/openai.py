@@ -21,7 +21,10 @@ prompt p's, as OpenAI orders them). vLLM's
 names a `reasoning_parser` answers chats with `reasoning_content` beside `content` (reasoning.py);
 `/tokenize` and `/detokenize` are in openai_tokens.py.
 Structured outputs (`response_format`, vLLM's `guided_*`) are read in openai_guided.py.
-Fields that would change the answer but are not supported (tools, echo, suffix, best_of > 1)
+A completion with `echo` starts with its prompt (the backend's decoding of it: token-id prompts
+too) and, with `logprobs`, the prompt tokens' logprobs first (the first token's null), as
+lm-eval-harness' loglikelihood tasks read them.
+Fields that would change the answer but are not supported (suffix, best_of > 1)
 are a 400, as is any field this module does not know; the metadata fields clients commonly send
 (user, metadata, store, ...) are accepted and ignored. Errors use OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`.
@@ -184,6 +187,10 @@ class _Call:
             parameters.update(tool_parameters)
         if logprobs is not None:
             parameters["logprobs"] = logprobs
+        if not chat and _boolean(body, "echo"):
+            parameters["echo"] = True
+            if logprobs is not None:
+                parameters["prompt_logprobs"] = logprobs
         requests = []  # choice p * n + i is the i-th of prompt p's, as OpenAI orders them
         for prompt in texts:
             for index in range(n):
@@ -275,7 +282,9 @@ class _Call:
         for entry in entries:
             offsets.append(offset)
             offset += len(entry["token"])
-        top = [{**{t["token"]: t["logprob"] for t in e["top"]}, e["token"]: e["logprob"]} for e in entries]
+        # (a prompt's first token, echoed, has no logprob: null, and no alternatives)
+        top = [None if e["logprob"] is None else {**{t["token"]: t["logprob"] for t in e["top"]},
+                                                  e["token"]: e["logprob"]} for e in entries]
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": top, "text_offset": offsets}
 
@@ -303,7 +312,6 @@ def _check_fields(body: Body, chat: bool) -> None:
         ("functions", bool(body.get("functions")), "functions (the deprecated function calling: use tools)"),
         ("function_call", body.get("function_call") not in (None, "none", "auto"),
          "function_call (the deprecated function calling: use tool_choice)"),
-        ("echo", bool(body.get("echo")), "echo"),
         ("suffix", bool(body.get("suffix")), "suffix"),
         ("best_of", body.get("best_of") not in (None, 1), "best_of other than 1"),
     ]
@@ -492,6 +500,8 @@ class _Piece:
     logprobs: list[Body] = field(default_factory=list)
     cached_tokens: int | None = None
     timings: Body | None = None  # on the last: queue_ms, prefill_ms, decode_ms
+    prompt_text: str | None = None  # with echo, on the first
+    prompt_logprobs: list[Body] | None = None  # with echo and logprobs, on the first
 
 
 #: the backend's response parameters that say where a request's time went
@@ -512,6 +522,9 @@ class _Choice:
     timings: Body | None = None
 
     def add(self, piece: _Piece) -> None:
+        if piece.prompt_text is not None:  # echo: the prompt comes first
+            piece.text = piece.prompt_text + piece.text
+            piece.logprobs = (piece.prompt_logprobs or []) + piece.logprobs
         self.timings = piece.timings or self.timings
         self.text += piece.text
         self.finish_reason = piece.finish_reason or self.finish_reason
@@ -549,6 +562,10 @@ def response_piece(response: InferResponse) -> _Piece:
     cached = response.parameters.get("cached_tokens")
     if isinstance(cached, int):
         piece.cached_tokens = cached
+    if isinstance(response.parameters.get("prompt_text"), str):
+        piece.prompt_text = response.parameters["prompt_text"]
+    if isinstance(response.parameters.get("prompt_logprobs"), str):
+        piece.prompt_logprobs = json.loads(response.parameters["prompt_logprobs"])
     if "decode_ms" in response.parameters:
         piece.timings = {key: response.parameters.get(key) for key in TIMINGS}
     for tensor in response.outputs:

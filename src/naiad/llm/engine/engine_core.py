@@ -89,6 +89,8 @@ class RequestOutput(msgspec.Struct, array_like=True):
     #: time.monotonic() (one clock for every process of the machine) when the request first
     #: joined the batch: its queueing ends there
     scheduled_at: float = 0.0
+    #: with prompt_logprobs, on the request's first output: one entry per prompt token (None first)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 class EngineStats(msgspec.Struct, array_like=True):
@@ -235,7 +237,8 @@ class EngineCore:
             reason = str(seq.finish_reason) if seq.is_finished and seq.finish_reason is not None else None
             outputs.append(RequestOutput(request_id, seq.output_token_ids[sent:], logprobs, reason,
                                          seq.num_prompt_tokens, seq.num_cached_tokens,
-                                         seq.is_finished and seq.ends_with_stop_token, seq.first_scheduled))
+                                         seq.is_finished and seq.ends_with_stop_token, seq.first_scheduled,
+                                         seq.prompt_logprobs if not sent else None))
             self._sent[request_id] = total
             if seq.is_finished:
                 del self._active[request_id], self._sent[request_id]

@@ -222,6 +222,9 @@ class ModelRunner:
         guided = [(row, seq.grammar) for row, seq in enumerate(sampling) if seq.grammar is not None]
         masks = self.masks.start(guided) if guided else None
         logits = self._forward(output)
+        if len(logits) > len(sampling):  # past the sampling rows: the prompt positions asked for
+            self._record_prompt_logprobs(output, logits[len(sampling):])
+            logits = logits[: len(sampling)]
         batch = self._sampling_batch(sampling)
         if masks is not None:
             rows, bits = masks.result()
@@ -243,6 +246,33 @@ class ModelRunner:
             else:
                 per_row.append(None)
         return token_ids, per_row
+
+    @staticmethod
+    def prompt_positions(output: SchedulerOutput) -> list[tuple[int, Sequence, int]]:
+        """(row, sequence, position) of each prompt token of this step whose logits give a
+        prompt logprob its request asks for (position p's give token p + 1's), not yet recorded
+        (a preempted sequence recomputes its prompt)."""
+        wanted: list[tuple[int, Sequence, int]] = []
+        for row, (seq, num_tokens) in enumerate(zip(output.seqs, output.num_tokens, strict=True)):
+            if seq.prompt_logprobs is None:
+                continue
+            start = max(seq.num_computed_tokens, len(seq.prompt_logprobs) - 1)
+            end = min(seq.num_computed_tokens + num_tokens, seq.num_prompt_tokens - 1)
+            wanted.extend((row, seq, position) for position in range(start, end))
+        return wanted
+
+    def _record_prompt_logprobs(self, output: SchedulerOutput, logits: torch.Tensor) -> None:
+        """Each asked prompt position's next token logprob and top alternatives, onto its sequence."""
+        positions = self.prompt_positions(output)
+        log_probs = logits.float().log_softmax(dim=-1)
+        targets = torch.tensor([seq.token_ids[position + 1] for _, seq, position in positions], device=logits.device)
+        own = log_probs.gather(1, targets[:, None])[:, 0].tolist()
+        top = max(seq.sampling_params.prompt_logprobs or 0 for _, seq, _ in positions)
+        top_logprobs, top_ids = (t.tolist() for t in log_probs.topk(top, dim=-1))
+        for index, (_, seq, _) in enumerate(positions):
+            n = seq.sampling_params.prompt_logprobs or 0
+            assert seq.prompt_logprobs is not None
+            seq.prompt_logprobs.append((own[index], top_ids[index][:n], top_logprobs[index][:n]))
 
     def _forward(self, output: SchedulerOutput) -> torch.Tensor:
         """The logits of the rows that sample: from a CUDA graph for a plain decode step, else eagerly."""
@@ -280,18 +310,25 @@ class ModelRunner:
                           self._tensor(plan.logits_indices))
 
     def plan(self, output: SchedulerOutput) -> StepPlan:
-        """Flatten the rows: row `i` brings tokens `[c, c + num_tokens[i])` of its sequence."""
+        """Flatten the rows: row `i` brings tokens `[c, c + num_tokens[i])` of its sequence. The
+        logits are those of each sampling row's last token, then of the prompt positions whose
+        logprobs are asked for (`prompt_positions`)."""
         token_ids: list[int] = []
         positions: list[int] = []
         context_lens: list[int] = []
         logits_indices: list[int] = []
+        row_starts: list[int] = []
         for seq, num_tokens, row_samples in zip(output.seqs, output.num_tokens, output.sample, strict=True):
             computed = seq.num_computed_tokens
+            row_starts.append(len(token_ids))
             token_ids.extend(seq.token_ids[computed : computed + num_tokens])
             positions.extend(range(computed, computed + num_tokens))
             context_lens.append(computed + num_tokens)
             if row_samples:
                 logits_indices.append(len(token_ids) - 1)
+        # Then the prompt positions whose logprobs are asked for (execute splits them off).
+        logits_indices.extend(row_starts[row] + position - seq.num_computed_tokens
+                              for row, seq, position in self.prompt_positions(output))
         return StepPlan(token_ids, positions, list(output.num_tokens), context_lens,
                         [list(seq.block_table) for seq in output.seqs], logits_indices)
 

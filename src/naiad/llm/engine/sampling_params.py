@@ -38,6 +38,9 @@ class SamplingParams:
     tokens cannot be drawn; a `stop_token_ids` token ends the sequence like end-of-sequence.
     `logit_bias` adds (token id, bias) pairs to the logits after the penalties (OpenAI's
     logit_bias: -100 to 100; -100 all but bans a token, 100 all but forces it).
+    `prompt_logprobs` N (None is off) also returns, for every prompt token after the first,
+    its logprob given the tokens before it and the N most likely there (vLLM's prompt_logprobs;
+    such a request is not served from the prefix cache, whose tokens have no logits).
     `guide` (kind, spec) holds the output to a grammar: a JSON schema, any JSON object, a
     regex, one of a list of choices or a Lark grammar (`naiad.llm.engine.guided`).
     """
@@ -55,6 +58,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
     guide: tuple[str, str] | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # `not (x >= lo)` rather than `x < lo` so that NaN is rejected too.
@@ -78,6 +82,10 @@ class SamplingParams:
                 raise InvalidArgument(f"{name} must be in [-2, 2], got {value}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise InvalidArgument(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise InvalidArgument(
+                f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise InvalidArgument(f"min_tokens must be an integer of at least 0, got {self.min_tokens!r}")
         if not isinstance(self.stop_token_ids, tuple) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):

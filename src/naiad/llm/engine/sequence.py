@@ -50,6 +50,7 @@ class Sequence:
     so they survive preemption. The scheduler stamps `arrival` when the sequence is added;
     the runner reads `sampling_params` to pick each next token. `logprobs` holds one
     `TokenLogprobs` per output token when the sampling params ask for them, else None.
+    `prompt_logprobs` (when asked) holds the prompt tokens' logprobs, filled during prefill.
     `grammar` (set by the engine for a request with a guide) follows the output through its
     grammar: the runner masks each draw with it, and the sequence stops when it is complete.
     """
@@ -69,6 +70,7 @@ class Sequence:
         "num_computed_tokens",
         "num_prompt_tokens",
         "priority",
+        "prompt_logprobs",
         "sampling_params",
         "seq_id",
         "status",
@@ -104,6 +106,10 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.logprobs: list[TokenLogprobs] | None = None if self.sampling_params.logprobs is None else []
         self.grammar: Grammar | None = None
+        # With sampling_params.prompt_logprobs: one entry per prompt token computed so far (the
+        # first token's None: nothing comes before it); the runner fills it during prefill.
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            None if self.sampling_params.prompt_logprobs is None else [None])
 
     def __len__(self) -> int:
         return len(self.token_ids)
