@@ -78,9 +78,11 @@ def test_regex_choice_and_grammar_outputs_match_them(engine: LLMEngine, tokenize
     choices = ["yes", "no", "it depends \"quoted\""]
     for text in _run(engine, tokenizer, ("choice", json.dumps(choices))):
         assert text in choices
-    grammar = 'start: "(" NUMBER ("+" NUMBER)* ")"\nNUMBER: /[1-9][0-9]?/'
-    for text in _run(engine, tokenizer, ("grammar", grammar), max_tokens=64):
-        assert re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?)*\)", text), text
+    lark = 'start: "(" NUMBER ("+" NUMBER)* ")"\nNUMBER: /[1-9][0-9]?/'
+    gbnf = 'root ::= "(" num ("+" num)* ")"\nnum ::= [1-9] [0-9]?'
+    for grammar in (lark, gbnf):
+        for text in _run(engine, tokenizer, ("grammar", grammar), max_tokens=64):
+            assert re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?)*\)", text), text
 
 
 def test_a_guided_row_beside_a_free_one_leaves_the_free_one_alone(engine: LLMEngine, tokenizer: Tokenizer) -> None:
@@ -99,6 +101,7 @@ def test_a_guided_row_beside_a_free_one_leaves_the_free_one_alone(engine: LLMEng
 @pytest.mark.parametrize(("guide", "message"), [
     (("regex", "(unclosed"), "regex cannot be used"),
     (("grammar", "start: undefined_rule"), "grammar cannot be used"),
+    (("grammar", "root ::= (unclosed"), "grammar cannot be used"),
     (("json_schema", "[1, 2]"), "not a JSON object"),
     (("choice", "[]"), "non-empty array"),
 ])

@@ -2,7 +2,8 @@
 
 A request's `SamplingParams.guide` is `(kind, spec)`, one of `sampling_params.GUIDE_KINDS`: "json_schema" (a
 JSON schema's text), "json_object" (any JSON object; spec ""), "regex", "choice" (a JSON array
-of strings: the output is one of them) and "grammar" (a Lark grammar, llguidance's dialect).
+of strings: the output is one of them) and "grammar" (Lark, llguidance's dialect, or GBNF /
+EBNF with `root ::= ...` rules, as llama.cpp and vLLM's xgrammar take them).
 The engine compiles it when the request is added (a bad one is that request's 400) into a
 `GrammarState` that its sequence keeps: every token the sequence appends advances it, and the
 sequence stops when the grammar is complete (docs/llm.md, "Structured outputs").
@@ -65,7 +66,12 @@ def grammar_text(kind: str, spec: str) -> str:
         # Lark string literals take JSON's escapes: each choice exactly, whatever it holds.
         return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
     if kind == "grammar":
-        return LLMatcher.grammar_from_lark(spec)
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:  # GBNF (llama.cpp's, `root ::= ...`, as vLLM's EBNF) turned into Lark; Lark as it is
+            return LLMatcher.grammar_from_lark(any_to_lark(spec))
+        except Exception as error:  # the converter's own parse errors
+            raise InvalidArgument(f"the grammar cannot be used: {error}") from None
     raise InvalidArgument(f"unknown guide kind {kind!r}")
 
 
