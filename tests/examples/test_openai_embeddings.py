@@ -112,6 +112,22 @@ def test_rerank_puts_the_paraphrase_first(example_server: ServerProcess) -> None
     assert status == 200 and "document" not in bare["results"][0] and len(bare["results"]) == 3
 
 
+def test_cohere_and_jina_clients_rerank(example_server: ServerProcess) -> None:
+    """Cohere's own SDK, unmodified (its v2 client posts to /v2/rerank, its v1 client to
+    /v1/rerank), and Jina's path /rerank, all served by the same scorer."""
+    import cohere
+
+    query = "How do I reset my password?"
+    v2 = cohere.ClientV2(base_url=f"http://{example_server.url}", api_key="unused")
+    answer = v2.rerank(model=MODEL, query=query, documents=DOCUMENTS, top_n=2)
+    assert answer.results[0].index == 2  # the paraphrase first
+    assert len(answer.results) == 2 and answer.results[0].relevance_score > answer.results[1].relevance_score
+    v1 = cohere.Client(base_url=f"http://{example_server.url}", api_key="unused")
+    assert v1.rerank(model=MODEL, query=query, documents=DOCUMENTS).results[0].index == 2
+    status, jina = _post(example_server, "/rerank", {"model": MODEL, "query": query, "documents": DOCUMENTS})
+    assert status == 200 and jina["results"][0]["index"] == 2
+
+
 def test_score_one_against_many_and_pairs(example_server: ServerProcess) -> None:
     status, one = _post(example_server, "/v1/score", {"model": MODEL, "text_1": "A cat sleeps.", "text_2": DOCUMENTS})
     assert status == 200, one

@@ -1,4 +1,5 @@
-"""`POST /v1/rerank` (Jina's and Cohere's shape, as vLLM and llama.cpp serve it) and
+"""`POST /v1/rerank` (Jina's and Cohere's shape, as vLLM and llama.cpp serve it; also at `/rerank`
+and at `/v2/rerank`, where Cohere's v2 SDK posts) and
 `POST /v1/score` (vLLM's) over an embedding model: a query (or `text_1`) against documents (or
 `text_2`), scored by the cosine of their vectors, the texts embedded in one call through the
 model's batcher (openai_embeddings).

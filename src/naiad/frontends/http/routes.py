@@ -49,6 +49,8 @@ _FIXED = {
     "/v1/chat/completions": "openai_chat_completions",
     "/v1/embeddings": "openai_embeddings",
     "/v1/rerank": "openai_rerank",
+    "/v2/rerank": "openai_rerank",  # Cohere's v2 client's path (vLLM serves it too)
+    "/rerank": "openai_rerank",  # Jina's and vLLM's, outside /v1
     "/v1/score": "openai_score",
     "/tokenize": "openai_tokenize",  # vLLM's paths, outside /v1
     "/detokenize": "openai_detokenize",
