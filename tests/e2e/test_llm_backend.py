@@ -89,6 +89,7 @@ def test_sampling_parameters(server: ServerProcess, prompt: str) -> None:
     ({"repetition_penalty": 0}, "repetition_penalty must be a number above 0"),
     ({"logprobs": 21}, "logprobs must be an integer in [0, 20]"),
     ({"prompt_logprobs": 21}, "prompt_logprobs must be an integer in [0, 20]"),
+    ({"pooling": "mean"}, "serves no embeddings"),
     ({"guided_regex": "(unclosed"}, "regex cannot be used"),
     ({"guided_json": "[1]"}, "'guided_json' must be a JSON object"),
     ({"stop": ""}, "'stop' must be a non-empty string"),

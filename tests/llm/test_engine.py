@@ -211,3 +211,38 @@ def test_prompt_logprobs_match_transformers_through_chunks_and_past_the_prefix_c
         own, top_ids, _ = entry
         assert abs(own - reference[position - 1, prompt[position]].item()) < 1e-4
         assert top_ids == reference[position - 1].topk(3).indices.tolist()
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_embeddings_pool_the_final_hidden_states_as_transformers_does(tiny_models: dict[str, Path],
+                                                                       pooling: str) -> None:
+    """An embedding request beside generating ones, its prompt in chunks: the L2-normalized last
+    (or mean) final hidden state, as transformers computes it; no token drawn."""
+    import torch
+
+    engine = _engine(tiny_models["llama"], max_num_batched_tokens=8)
+    prompt = PREFIX + tokens(9, 6)
+    engine.generate([prompt], 2)  # its blocks in the prefix cache ("last" may use them)
+    generating = engine.add_request(tokens(12, 7), 6, sampling_params=GREEDY)
+    embedding = engine.add_request(prompt, 1, sampling_params=SamplingParams(pooling=pooling))
+    finished: dict[str, Sequence] = {}
+    while engine.has_unfinished():
+        finished.update((seq.seq_id, seq) for seq in engine.step())
+    seq = finished[embedding]
+    assert seq.finish_reason == "stop" and seq.output_token_ids == [] and seq.embedding is not None
+    assert len(finished[generating].output_token_ids) == 6
+    with torch.no_grad():
+        states = hf_model(tiny_models["llama"])(torch.tensor([prompt]), output_hidden_states=True).hidden_states[-1][0]
+    expected = states[-1] if pooling == "last" else states.mean(dim=0)
+    expected = expected / expected.norm()
+    assert torch.allclose(torch.tensor(seq.embedding), expected, atol=1e-4)
+
+
+def test_an_embedding_may_fill_the_whole_context(tiny_models: dict[str, Path]) -> None:
+    engine = _engine(tiny_models["llama"])
+    full = tokens(96, 8)  # max_model_len: no room to generate, all of it to embed
+    assert engine.generate([full], 1, SamplingParams(pooling="last")) == [[]]
+    with pytest.raises(InvalidArgument, match="the text has 97 tokens"):
+        engine.add_request(tokens(97, 8), 1, sampling_params=SamplingParams(pooling="mean"))
+    with pytest.raises(InvalidArgument, match="pooling must be one of"):
+        SamplingParams(pooling="cls")

@@ -77,7 +77,7 @@ from naiad.llm.engine.llm_engine import EngineConfig
 from naiad.llm.engine.sampling_params import SamplingParams
 from naiad.llm.engine.sequence import FinishReason, TokenLogprobs
 from naiad.llm.loading import gguf
-from naiad.llm.loading.loader import load_tokenizer
+from naiad.llm.loading.loader import load_tokenizer, read_args
 from naiad.llm.loading.tokenizer import IncrementalDetokenizer
 from naiad.observability.metrics import MetricRow
 from naiad.observability.statistics import Histogram
@@ -94,6 +94,9 @@ EXTRA_OUTPUTS = {FINISH_REASON: mc.TYPE_STRING, PROMPT_TOKENS: mc.TYPE_INT32, CO
                  LOGPROBS: mc.TYPE_STRING}
 #: vLLM clamps -inf logprobs the same way, so that they stay JSON numbers
 MIN_LOGPROB = -9999.0
+#: the config parameter ("last" or "mean") that makes the model serve embeddings too, in the
+#: output EMBEDDING (the request parameter of the same name asks for one)
+POOLING, EMBEDDING = "pooling", "embedding"
 DEFAULT_MAX_TOKENS = 16  # as vLLM and OpenAI's completions
 #: send(outputs / error / None for a flags-only response, final) for one request
 Send = Callable[[Outputs | Exception | None, bool], None]
@@ -120,6 +123,16 @@ class LLMModel(Model):
             config.output.add(name=TEXT_OUTPUT, data_type=mc.TYPE_STRING, dims=[-1])
             for name, data_type in EXTRA_OUTPUTS.items():
                 config.output.add(name=name, data_type=data_type, dims=[1])
+        if POOLING in config.parameters and not any(output.name == EMBEDDING for output in config.output):
+            # An embedding model too (its vectors: the final hidden state, `hidden_size` long).
+            pooling = config.parameters[POOLING].string_value
+            if pooling not in ("last", "mean"):
+                raise InvalidArgument(f"model '{config.name}': parameter 'pooling' must be last or mean, "
+                                      f"got {pooling!r}")
+            model = config.parameters["model"].string_value if "model" in config.parameters else ""
+            if model:
+                size = read_args(model_path(model, version_dir)).hidden_size
+                config.output.add(name=EMBEDDING, data_type=mc.TYPE_FP32, dims=[size])
         return False
 
     def create_instance(self, group: mc.ModelInstanceGroup, index: int) -> ModelInstance:
@@ -163,10 +176,15 @@ class LLMModel(Model):
         return EngineConfig(**settings)
 
     def _model_path(self, model: str) -> Path:
-        if model in BUNDLED:
-            return BUNDLED[model]()
-        path = Path(model)
-        return path if path.is_absolute() else self.version_dir / path
+        return model_path(model, self.version_dir)
+
+
+def model_path(model: str, version_dir: Path) -> Path:
+    """A config's `model` parameter as a path: a bundled model's, or one relative to the version."""
+    if model in BUNDLED:
+        return BUNDLED[model]()
+    path = Path(model)
+    return path if path.is_absolute() else version_dir / path
 
 
 #: Where an engine's ranks run is the deployment's to say more than the repository's (a KServe
@@ -221,6 +239,7 @@ class _Request:
     arrival: float = 0.0  # time.monotonic() when handed to the engine
     last_token_at: float | None = None  # when its latest tokens arrived (None: none yet)
     first_token_at: float | None = None
+    embedding: list[float] | None = None  # an embedding request's vector, once pooled
     echo: bool = False  # the first response carries the prompt's text (response parameter prompt_text)
     prompt_extras: dict[str, Any] | None = None  # response parameters for the next response out
     scheduled_at: float = 0.0  # when the engine first batched it (the engine's clock is this one)
@@ -405,9 +424,13 @@ class LLMInstance(ModelInstance):
         if not prompt:
             raise InvalidArgument("text_input is empty")
         max_tokens = values.integer("max_tokens", DEFAULT_MAX_TOKENS)
+        pooling = values.parameters.get(POOLING)
+        if pooling is not None and EMBEDDING not in self.output_names:
+            raise InvalidArgument(f"model '{self.model_name}' serves no embeddings (its config sets no "
+                                  "'pooling' parameter)")
         if max_tokens < 1:
             raise InvalidArgument(f"max_tokens must be at least 1, got {max_tokens}")
-        if len(prompt) + max_tokens > self.max_model_len:
+        if pooling is None and len(prompt) + max_tokens > self.max_model_len:
             raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds "
                                   f"the model's context length ({self.max_model_len})")
         min_tokens = values.integer("min_tokens", 0)
@@ -432,7 +455,10 @@ class LLMInstance(ModelInstance):
             logit_bias=self._logit_bias(values),
             guide=guide(values),
             prompt_logprobs=values.optional_integer("prompt_logprobs"),
+            pooling=pooling,
         )
+        if pooling is not None:
+            returns.add(EMBEDDING)
         if logprobs is not None:
             returns |= {LOGPROBS} & self.output_names
         self._request_outputs(request, returns)
@@ -510,7 +536,7 @@ class LLMInstance(ModelInstance):
             raise InvalidArgument(f"model '{self.model_name}' does not declare the output '{missing[0]}' "
                                   "(leave the config's outputs out to have them all)")
         if request.outputs is not None:
-            asked |= {output.name for output in request.outputs} & set(EXTRA_OUTPUTS)
+            asked |= {output.name for output in request.outputs} & {*EXTRA_OUTPUTS, EMBEDDING}
         return asked
 
     def _request_outputs(self, request: InferRequest, returns: set[str]) -> None:
@@ -567,6 +593,8 @@ class LLMInstance(ModelInstance):
         new = output.new_token_ids
         done = output.finish_reason is not None
         request.scheduled_at = output.scheduled_at or request.scheduled_at
+        if output.embedding is not None:
+            request.embedding = output.embedding
         if output.prompt_logprobs is not None:
             entries = [None if entry is None else self._logprobs_json([token], [entry])[0]
                        for token, entry in zip(request.prompt, output.prompt_logprobs, strict=True)]
@@ -625,6 +653,8 @@ class LLMInstance(ModelInstance):
                 outputs.parameters.update(_timings(request))
         if COMPLETION_TOKENS in returns:
             outputs[COMPLETION_TOKENS] = np.array([counts[1]], dtype=np.int32)
+        if EMBEDDING in returns and request.embedding is not None:
+            outputs[EMBEDDING] = np.array(request.embedding, dtype=np.float32)
         if LOGPROBS in returns:
             outputs[LOGPROBS] = np.array([json.dumps(request.logprobs).encode()], dtype=object)
             request.logprobs = []

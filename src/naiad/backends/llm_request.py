@@ -28,6 +28,8 @@ REQUEST_PARAMETERS = frozenset({
     "tokenize", "detokenize", "token_ids", "return_token_strs",
     # the prompt's own logprobs, and its text (OpenAI's echo)
     "prompt_logprobs", "echo",
+    # an embedding instead of a generation ("last" or "mean" pooling of the final hidden states)
+    "pooling",
     # a prompt given as token ids, with an empty text_input
     "prompt_token_ids",
     # structured outputs (vLLM's guided decoding fields; at most one): see `guide`

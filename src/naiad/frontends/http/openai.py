@@ -89,8 +89,11 @@ _encoder = msgspec.json.Encoder()
 
 async def models(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> Reply:
     """The LLM models, then the embedding models (`task` says which: naiad's field)."""
-    listed = [(name, "generate") for name in _llm_models(server)]
-    listed += [(name, "embedding") for name in embedding_models(server)]
+    generating = _llm_models(server)
+    embedding = embedding_models(server)
+    # An "llm" model that also pools is listed once, with both tasks.
+    listed = [(name, "generate,embedding" if name in embedding else "generate") for name in generating]
+    listed += [(name, "embedding") for name in embedding if name not in generating]
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "naiad", "task": task} for name, task in listed]
     return Reply(200, _encoder.encode({"object": "list", "data": data}))
 

@@ -31,7 +31,7 @@ from naiad.frontends.http.openai_tasks import Embedder, check_fields, require_em
 from naiad.frontends.http.reply import Headers, Reply
 from naiad.frontends.http.routes import Route
 from naiad.frontends.http.tracing import carry_trace
-from naiad.types import DataType, InferRequest, RequestedOutput, Tensor
+from naiad.types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
 
 MAX_INPUTS = 2048  # as OpenAI
 _FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
@@ -109,15 +109,26 @@ async def _infer(server: InferenceServer, model: Embedder, texts: list[str],
     if model.tokens_output:
         outputs.append(RequestedOutput(model.tokens_output))
     request = InferRequest(model.name, None, [Tensor(model.text_input, DataType.BYTES, shape, data.reshape(shape))],
-                           outputs=outputs)
+                           outputs=outputs, parameters=dict(model.parameters))
     carry_trace(server, request, headers)
-    response = await server.infer(request)
+    response = await _answer(server, request) if model.streamed else await server.infer(request)
     if response.error is not None:
         raise response.error if isinstance(response.error, NaiadError) else InternalError(str(response.error))
     found = {tensor.name: tensor.data for tensor in response.outputs}
     vectors = np.asarray(found[model.vector_output], dtype=np.float32).reshape(len(texts), model.size)
     tokens = int(np.asarray(found[model.tokens_output]).sum()) if model.tokens_output in found else 0
     return vectors, tokens
+
+
+async def _answer(server: InferenceServer, request: InferRequest) -> InferResponse:
+    """A decoupled model's one answer (an "llm" model's embedding: one response, then the final flag)."""
+    answer = None
+    async for response in server.stream(request):
+        if response.error is not None or (answer is None and response.outputs):
+            answer = response
+    if answer is None:
+        raise InternalError(f"model '{request.model_name}' sent no answer")
+    return answer
 
 
 def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:

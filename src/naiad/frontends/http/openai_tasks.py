@@ -1,6 +1,7 @@
 """Which repository models serve which OpenAI task, from their configs: "llm" models generate,
 and a model that turns text into a vector serves embeddings (`/v1/embeddings`, see
-openai_embeddings). Shared by `/v1/models` and the task endpoints."""
+openai_embeddings), an "llm" model too when its config sets `pooling` (last or mean). Shared by
+`/v1/models` and the task endpoints."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
 
 TASK = "openai_task"  # config parameter: "embedding" declares the task
+LLM_BACKEND = "llm"
+#: an "llm" model's config parameter that makes it an embedder (pooling its final hidden states),
+#: and the output its vectors come in (naiad.backends.llm)
+LLM_POOLING, LLM_EMBEDDING = "pooling", "embedding"
 TOKENS_OUTPUT = "openai_tokens_output"  # config parameter: the output holding each text's token count
 
 
@@ -26,6 +31,9 @@ class Embedder:
     size: int  # the vector's length
     max_batch: int  # 0: one text per request
     tokens_output: str | None
+    #: request parameters every request carries; an "llm" model embeds with its `pooling`
+    parameters: tuple[tuple[str, str], ...] = ()
+    streamed: bool = False  # a decoupled model answers through server.stream
 
 
 def embedder(name: str, config: mc.ModelConfig) -> Embedder | None:
@@ -36,6 +44,14 @@ def embedder(name: str, config: mc.ModelConfig) -> Embedder | None:
     task = config.parameters[TASK].string_value if TASK in config.parameters else ""
     if task and task != "embedding":
         return None
+    if config.backend == LLM_BACKEND:  # a generating model: an embedder too when it pools
+        if LLM_POOLING not in config.parameters:
+            return None
+        vectors = [t for t in config.output if t.name == LLM_EMBEDDING]
+        if not vectors:
+            raise InternalError(f"model '{name}' sets pooling but has no '{LLM_EMBEDDING}' output")
+        return Embedder(name, "text_input", LLM_EMBEDDING, int(vectors[0].dims[0]), 0, "prompt_tokens",
+                        ((LLM_POOLING, config.parameters[LLM_POOLING].string_value),), streamed=True)
     texts = [t for t in config.input if t.data_type == mc.TYPE_STRING and list(t.dims) == [1]]
     vectors = [t for t in config.output if t.data_type == mc.TYPE_FP32 and len(t.dims) == 1 and t.dims[0] > 0]
     if task != "embedding" and not (len(config.input) == 1 and len(texts) == 1 and len(vectors) == 1):

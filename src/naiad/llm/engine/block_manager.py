@@ -254,8 +254,9 @@ class BlockManager:
 
     def _match_prefix(self, seq: Sequence) -> list[Block]:
         """The cached blocks that hold the longest prefix of `seq`, block by block."""
-        if not self.enable_prefix_caching or seq.sampling_params.prompt_logprobs is not None:
-            return []  # (prompt logprobs need the logits of every prompt token: none is skipped)
+        params = seq.sampling_params
+        if not self.enable_prefix_caching or params.prompt_logprobs is not None or params.pooling == "mean":
+            return []  # (prompt logprobs and mean pooling need every prompt token computed)
         # At least the last token is computed: its logits give the next token. Hits are whole
         # blocks, so a prompt that is all cached still recomputes its last block, in a block of
         # its own (writing into a shared block would race with its other readers).

@@ -91,6 +91,8 @@ class RequestOutput(msgspec.Struct, array_like=True):
     scheduled_at: float = 0.0
     #: with prompt_logprobs, on the request's first output: one entry per prompt token (None first)
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    #: an embedding request's vector, on its (only) output
+    embedding: list[float] | None = None
 
 
 class EngineStats(msgspec.Struct, array_like=True):
@@ -238,7 +240,7 @@ class EngineCore:
             outputs.append(RequestOutput(request_id, seq.output_token_ids[sent:], logprobs, reason,
                                          seq.num_prompt_tokens, seq.num_cached_tokens,
                                          seq.is_finished and seq.ends_with_stop_token, seq.first_scheduled,
-                                         seq.prompt_logprobs if not sent else None))
+                                         seq.prompt_logprobs if not sent else None, seq.embedding))
             self._sent[request_id] = total
             if seq.is_finished:
                 del self._active[request_id], self._sent[request_id]

@@ -185,6 +185,9 @@ class LLMEngine:
             priority=priority,
             sampling_params=sampling_params,
         )
+        pooling = sampling_params is not None and sampling_params.pooling is not None
+        if pooling and self.config.pipeline_parallel_size > 1:
+            raise InvalidArgument("embeddings (pooling) are not served under pipeline parallelism")
         if sampling_params is not None and sampling_params.guide is not None:
             seq.grammar = self.grammars.state(sampling_params.guide)
         self.scheduler.add(seq)

@@ -274,8 +274,65 @@ class ModelRunner:
             assert seq.prompt_logprobs is not None
             seq.prompt_logprobs.append((own[index], top_ids[index][:n], top_logprobs[index][:n]))
 
+    @staticmethod
+    def pool_positions(output: SchedulerOutput) -> list[tuple[int, Sequence, int]]:
+        """(row, sequence, position) of each prompt token of this step an embedding request pools:
+        every one not pooled yet for "mean" (a preempted sequence recomputes its prompt), the
+        last for "last"."""
+        wanted: list[tuple[int, Sequence, int]] = []
+        for row, (seq, num_tokens) in enumerate(zip(output.seqs, output.num_tokens, strict=True)):
+            pooling = seq.sampling_params.pooling
+            if pooling is None:
+                continue
+            end = seq.num_computed_tokens + num_tokens
+            if pooling == "last":
+                if end == seq.num_prompt_tokens:
+                    wanted.append((row, seq, end - 1))
+                continue
+            start = max(seq.num_computed_tokens, seq.pooled[1] if seq.pooled is not None else 0)
+            wanted.extend((row, seq, position) for position in range(start, end))
+        return wanted
+
+    def _forward_pooling(self, output: SchedulerOutput, pooled: list[tuple[int, Sequence, int]]) -> torch.Tensor:
+        """The step's logits, and the final hidden states of the positions embedding requests
+        pool, added to their sequences (the vector, L2-normalized, once a prompt is complete)."""
+        if self.stage is not None:
+            raise RuntimeError("embeddings are not served under pipeline parallelism")
+        plan = self.plan(output)
+        if self.send_step is not None and self.tables is not None:
+            self.send_step(self.tables.wire(plan, [seq.seq_id for seq in output.seqs]))
+        inputs = self.inputs(plan)
+        hidden, residual = self.model.model(inputs.token_ids, inputs.positions, inputs.meta, self.kv_caches)
+        logits = self.model.compute_logits(hidden, residual, inputs.logits_indices)
+        assert logits is not None, "only rank 0 executes scheduler outputs"
+        starts = [0]
+        for count in output.num_tokens:
+            starts.append(starts[-1] + count)
+        flat = self._tensor([starts[row] + position - seq.num_computed_tokens for row, seq, position in pooled])
+        assert self.model.model.norm is not None
+        states, _ = self.model.model.norm.add_forward(hidden[flat], residual[flat])
+        states = states.float()
+        by_seq: dict[str, tuple[Sequence, int, list[int]]] = {}
+        for index, (row, seq, _) in enumerate(pooled):
+            by_seq.setdefault(seq.seq_id, (seq, row, []))[2].append(index)
+        for seq, row, indices in by_seq.values():
+            total = states[indices].sum(dim=0)
+            count = len(indices)
+            if seq.pooled is not None:
+                previous, previous_count = seq.pooled
+                assert isinstance(previous, torch.Tensor)
+                total, count = total + previous, count + previous_count
+            seq.pooled = (total, count)
+            if seq.num_computed_tokens + output.num_tokens[row] == seq.num_prompt_tokens:
+                vector = total / count
+                seq.embedding = (vector / vector.norm().clamp_min(1e-12)).tolist()
+        return logits
+
     def _forward(self, output: SchedulerOutput) -> torch.Tensor:
         """The logits of the rows that sample: from a CUDA graph for a plain decode step, else eagerly."""
+        pooled = self.pool_positions(output)
+        if pooled:
+            return self._forward_pooling(output, pooled)
         if self.graphs is not None and all(n == 1 for n in output.num_tokens) and all(output.sample):
             computed = [seq.num_computed_tokens for seq in output.seqs]
             widths = [-(-(c + 1) // self.block_size) for c in computed]

@@ -17,6 +17,8 @@ MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100
 #: structured outputs' grammars (naiad.llm.engine.guided)
 GUIDE_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+#: how an embedding request pools the prompt's final hidden states
+POOLING = ("last", "mean")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,10 @@ class SamplingParams:
     `prompt_logprobs` N (None is off) also returns, for every prompt token after the first,
     its logprob given the tokens before it and the N most likely there (vLLM's prompt_logprobs;
     such a request is not served from the prefix cache, whose tokens have no logits).
+    `pooling` ("last" or "mean"; None is off) makes the request an embedding instead: no token
+    is drawn, and the output is the final hidden state (after the last norm) of the prompt's last
+    token, or the mean over all its tokens, L2-normalized (a mean-pooled request is not served
+    from the prefix cache: every token's hidden state is needed).
     `guide` (kind, spec) holds the output to a grammar: a JSON schema, any JSON object, a
     regex, one of a list of choices or a Lark grammar (`naiad.llm.engine.guided`).
     """
@@ -59,6 +65,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     guide: tuple[str, str] | None = None
     prompt_logprobs: int | None = None
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         # `not (x >= lo)` rather than `x < lo` so that NaN is rejected too.
@@ -99,6 +106,8 @@ class SamplingParams:
                                       f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {pair!r}")
         if self.guide is not None:
             check_guide(self.guide)
+        if self.pooling not in (None, *POOLING):
+            raise InvalidArgument(f"pooling must be one of {', '.join(POOLING)}, got {self.pooling!r}")
 
     @property
     def greedy(self) -> bool:

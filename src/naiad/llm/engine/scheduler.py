@@ -61,7 +61,8 @@ class SchedulerOutput:
     def add(self, seq: Sequence, num_tokens: int) -> None:
         self.seqs.append(seq)
         self.num_tokens.append(num_tokens)
-        self.sample.append(num_tokens == seq.num_uncomputed_tokens)
+        # (an embedding request draws no token: it ends with its prompt)
+        self.sample.append(num_tokens == seq.num_uncomputed_tokens and seq.sampling_params.pooling is None)
 
 
 def _order(seq: Sequence) -> tuple[int, int]:
@@ -178,6 +179,10 @@ class StepScheduler:
             self.block_manager.mark_computed(seq, num_tokens)
             if seq.num_uncomputed_tokens:
                 continue  # a prefill chunk with more to come: nothing was sampled
+            if seq.sampling_params.pooling is not None:  # an embedding: the runner pooled it
+                self._finish(seq, FinishReason.STOP)
+                finished.append(seq)
+                continue
             seq.append_token(token_id, None if logprobs is None else logprobs[row])
             reason = seq.stop_reason(self.config.max_model_len)
             if reason is not None:
@@ -193,6 +198,10 @@ class StepScheduler:
         limit = self.config.max_model_len
         if not seq.token_ids:
             raise InvalidArgument("the prompt is empty")
+        if seq.sampling_params.pooling is not None:  # an embedding generates nothing: all the context is its
+            if len(seq) > limit:
+                raise InvalidArgument(f"the text has {len(seq)} tokens; the context length is {limit}")
+            return
         if len(seq) >= limit:
             raise InvalidArgument(
                 f"the prompt has {len(seq)} tokens; the context length is {limit}, leaving no room to generate"

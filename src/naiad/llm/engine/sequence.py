@@ -59,6 +59,7 @@ class Sequence:
         "arrival",
         "block_hashes",
         "block_table",
+        "embedding",
         "eos_token_ids",
         "finish_reason",
         "first_scheduled",
@@ -69,6 +70,7 @@ class Sequence:
         "num_cached_tokens",
         "num_computed_tokens",
         "num_prompt_tokens",
+        "pooled",
         "priority",
         "prompt_logprobs",
         "sampling_params",
@@ -106,6 +108,10 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.logprobs: list[TokenLogprobs] | None = None if self.sampling_params.logprobs is None else []
         self.grammar: Grammar | None = None
+        # With sampling_params.pooling: the runner's running pool (its sum and how many prompt
+        # positions it holds), then the finished vector.
+        self.pooled: tuple[object, int] | None = None
+        self.embedding: list[float] | None = None
         # With sampling_params.prompt_logprobs: one entry per prompt token computed so far (the
         # first token's None: nothing comes before it); the runner fills it during prefill.
         self.prompt_logprobs: list[TokenLogprobs | None] | None = (
