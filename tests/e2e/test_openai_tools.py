@@ -117,3 +117,17 @@ def test_bad_tool_fields_are_bad_requests(client: openai.OpenAI, extra: dict[str
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, max_tokens=4, **body)
     assert message in caught.value.message
+
+
+def test_auto_streamed_is_the_same_answer_as_not(client: openai.OpenAI) -> None:
+    for question in (ASK, [{"role": "user", "content": "Say hello."}]):
+        answer = client.chat.completions.create(model=MODEL, messages=question, tools=TOOLS, temperature=0,
+                                                max_tokens=48)
+        chunks = [chunk for chunk in client.chat.completions.create(
+            model=MODEL, messages=question, tools=TOOLS, temperature=0, max_tokens=48, stream=True) if chunk.choices]
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+        calls = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or []]
+        message = answer.choices[0].message
+        assert streamed.strip() == (message.content or "").strip()
+        assert [c.function.name for c in calls] == [c.function.name for c in message.tool_calls or []]
+        assert chunks[-1].choices[0].finish_reason == answer.choices[0].finish_reason

@@ -96,3 +96,25 @@ def test_argument_checks() -> None:
     assert not check_arguments({"flag": 1}, schema)
     assert not check_arguments({"v": 2}, schema)
     assert not check_arguments([], schema)
+
+
+def _stream(pieces: list[str]) -> tuple[str, str | None, list[dict[str, Any]]]:
+    from naiad.frontends.http.openai_tools import CallWatch
+
+    watch = CallWatch(_tools())
+    out = "".join(watch.push(piece) for piece in pieces)
+    content, calls = watch.finish()
+    return out, content, calls
+
+
+def test_streamed_auto_text_goes_out_as_it_comes_until_a_call_may_begin() -> None:
+    out, content, calls = _stream(["The weather ", "is fine <", "b>today</b>."])
+    assert out == "The weather is fine <b>today</b>." and content == "" and calls == []
+    out, content, calls = _stream(["Let me check. <tool", '_call>{"name": "clock", "arguments": {}}', "</tool_call>"])
+    assert out == "Let me check. " and content is None and _arguments(calls) == [("clock", {})]
+    out, content, calls = _stream(["  ", '{"name": "weather", ', '"parameters": {"city": "Oslo"}}'])
+    assert out == "" and _arguments(calls) == [("weather", {"city": "Oslo"})]
+    out, content, calls = _stream(["{not a call}", " and more"])  # held, then given back whole
+    assert out == "" and content == "{not a call} and more" and calls == []
+    out, content, _ = _stream(["ends with <tool_"])
+    assert out == "ends with " and content == "<tool_"

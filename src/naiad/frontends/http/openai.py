@@ -48,7 +48,7 @@ from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
 from naiad.frontends.http.openai_guided import GUIDED_FIELDS, guided_parameters
 from naiad.frontends.http.openai_tasks import check_fields, embedding_models
-from naiad.frontends.http.openai_tools import Tools, parse_tools
+from naiad.frontends.http.openai_tools import CallWatch, HeldText, Tools, parse_tools
 from naiad.frontends.http.reasoning import CONFIG_KEY as REASONING_KEY
 from naiad.frontends.http.reasoning import ReasoningSplitter, thinks_first
 from naiad.frontends.http.reply import HTTP_STATUS, Headers, Reply, StreamReply
@@ -643,7 +643,9 @@ class _Events:
         call = self.call
         choices = [_Choice() for _ in call.requests]
         splitters = [ReasoningSplitter(call.thinks_first) for _ in choices] if call.thinks_first is not None else None
-        held = [""] * len(choices)  # with tools: each choice's text so far
+        watches = None
+        if call.tools is not None:  # forced calls: all held (a JSON array); auto: from a possible call on
+            watches = [CallWatch(call.tools) if call.tools.forced is None else HeldText(call.tools) for _ in choices]
         open_choices = len(choices)
         pending = list(self.first)
         while open_choices:
@@ -666,16 +668,18 @@ class _Events:
             if splitters is not None:
                 reasoning, text = splitters[index].push(piece.text, final=bool(piece.finish_reason))
             finish_reason = piece.finish_reason
-            if call.tools is not None:  # the text is held back until the calls in it can be found
-                held[index] += text
-                text = ""
+            if watches is not None:  # text that may hold a call waits until the calls can be found
+                text = watches[index].push(text)
                 if finish_reason:
-                    content, calls = call.tools.split(held[index])
+                    content, calls = watches[index].finish()
                     if calls:
+                        if text or piece.logprobs:
+                            yield _sse(call.chunk(index, text, piece.logprobs, offset, reasoning=reasoning))
+                            text, reasoning, piece.logprobs = "", "", []
                         yield _sse(call.tool_calls_chunk(index, content, calls))
                         finish_reason = "tool_calls"
                     else:
-                        text = content or ""
+                        text += content or ""
             if text or reasoning or piece.logprobs:
                 yield _sse(call.chunk(index, text, piece.logprobs, offset, reasoning=reasoning))
             if finish_reason:

@@ -11,8 +11,9 @@ request did not offer, or whose arguments do not fit its schema (`check_argument
 a JSON array of {"name", "arguments"} objects, each function's arguments under its own schema;
 one call unless `parallel_tool_calls`), so they cannot be malformed or name an unknown function.
 An answer with calls finishes with "tool_calls"; streamed, a choice's calls come as one delta
-each once its text is complete (its text is held back until then: a call cannot be told from
-text before it ends).
+each once its text is complete. Streamed in "auto", text goes out as it comes until a call may
+have begun (`CallWatch`): from a `<tool_call>` tag on (and the end of the text that could start
+one), or the whole answer when it opens with `{`, is held until the end and parsed then.
 """
 
 from __future__ import annotations
@@ -171,3 +172,55 @@ def parse_tools(body: dict[str, Any]) -> Tools | None:
             raise InvalidArgument(f"'tool_choice' names '{named['name']}', which is not one of the tools")
         forced = named["name"]
     return Tools(functions, tools, forced, parallel)
+
+
+_TAG = "<tool_call>"
+
+
+class CallWatch:
+    """One streamed choice's text under "auto": what can go out now, and the rest held until the
+    end, where the calls in it are found (`Tools.split`)."""
+
+    def __init__(self, tools: Tools) -> None:
+        self.tools = tools
+        self.held = ""
+        self.holding = False  # a call may have begun: everything from here waits for the end
+        self.sent = False  # some text other than blanks went out
+
+    def push(self, text: str) -> str:
+        if self.holding:
+            self.held += text
+            return ""
+        buffer = self.held + text
+        self.held = ""
+        if not self.sent and not buffer.strip():
+            self.held = buffer  # leading blanks: the answer may yet open with a JSON call
+            return ""
+        if not self.sent and buffer.lstrip().startswith("{"):
+            self.holding, self.held = True, buffer
+            return ""
+        index = buffer.find(_TAG)
+        if index >= 0:
+            self.holding, self.held = True, buffer[index:]
+            out = buffer[:index]
+        else:
+            keep = next((size for size in range(min(len(buffer), len(_TAG) - 1), 0, -1)
+                         if _TAG.startswith(buffer[-size:])), 0)
+            out, self.held = buffer[: len(buffer) - keep], buffer[len(buffer) - keep:]
+        self.sent = self.sent or bool(out.strip())
+        return out
+
+    def finish(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """The held text's content (None when it is all calls) and calls."""
+        if not self.holding:
+            return self.held, []
+        return self.tools.split(self.held)
+
+
+
+class HeldText(CallWatch):
+    """A forced call's text (a JSON array of calls): all of it waits for the end."""
+
+    def __init__(self, tools: Tools) -> None:
+        super().__init__(tools)
+        self.holding = True
