@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import openai
 from conftest import STARTUP_TIMEOUT_S, ServerProcess, running_server
 
 MODEL = "smollm2"
@@ -32,6 +33,13 @@ def llm_server(repo: Path, extra_config: str = "") -> Iterator[ServerProcess]:
     with running_server(["--model-repository", str(repo)], repo.parent / f"{repo.name}.log") as server:
         wait_model_ready(server)
         yield server
+
+
+@contextmanager
+def llm_client(repo: Path, extra_config: str = "") -> Iterator[openai.OpenAI]:
+    """The `openai` client of a server made by `llm_server` (no retries: a failure shows)."""
+    with llm_server(repo, extra_config) as server:
+        yield openai.OpenAI(base_url=f"http://{server.url}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 def wait_model_ready(server: ServerProcess, timeout: float = STARTUP_TIMEOUT_S) -> None:

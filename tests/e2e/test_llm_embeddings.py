@@ -9,9 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 import openai
 import pytest
-from conftest import ServerProcess
 
-from e2e.llm_server import MODEL, QUESTION, llm_server
+from e2e.llm_server import MODEL, QUESTION, llm_client
 
 pytestmark = pytest.mark.e2e
 
@@ -21,9 +20,8 @@ TEXTS = ["A man is eating food.", "A cat naps on the couch.", "Stocks fell sharp
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    server: ServerProcess
-    with llm_server(tmp_path_factory.mktemp("pooling-repo"), POOLING) as server:
-        yield openai.OpenAI(base_url=f"http://{server.url}/v1", api_key="unused", timeout=120, max_retries=0)
+    with llm_client(tmp_path_factory.mktemp("pooling-repo"), POOLING) as client:
+        yield client
 
 
 def test_the_llm_embeds_and_chats_on_one_model(client: openai.OpenAI) -> None:

@@ -8,9 +8,8 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from conftest import ServerProcess
 
-from e2e.llm_server import MODEL, QUESTION, llm_server
+from e2e.llm_server import MODEL, QUESTION, llm_client
 
 pytestmark = pytest.mark.e2e
 
@@ -19,9 +18,8 @@ PARSER = 'parameters { key: "reasoning_parser" value: { string_value: "deepseek_
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    server: ServerProcess
-    with llm_server(tmp_path_factory.mktemp("reasoning-repo"), PARSER) as server:
-        yield openai.OpenAI(base_url=f"http://{server.url}/v1", api_key="unused", timeout=60, max_retries=0)
+    with llm_client(tmp_path_factory.mktemp("reasoning-repo"), PARSER) as client:
+        yield client
 
 
 def test_an_answer_without_the_closing_tag_is_all_reasoning_streamed_or_not(client: openai.OpenAI) -> None:

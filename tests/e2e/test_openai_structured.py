@@ -11,10 +11,9 @@ from typing import Any, Literal
 
 import openai
 import pytest
-from conftest import ServerProcess
 from pydantic import BaseModel, Field
 
-from e2e.llm_server import MODEL, llm_server
+from e2e.llm_server import MODEL, llm_client
 
 pytestmark = pytest.mark.e2e
 
@@ -29,9 +28,8 @@ class Person(BaseModel):
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    server: ServerProcess
-    with llm_server(tmp_path_factory.mktemp("structured-repo")) as server:
-        yield openai.OpenAI(base_url=f"http://{server.url}/v1", api_key="unused", timeout=120, max_retries=0)
+    with llm_client(tmp_path_factory.mktemp("structured-repo")) as client:
+        yield client
 
 
 def test_parse_with_a_pydantic_model_returns_the_parsed_object(client: openai.OpenAI) -> None:

@@ -12,9 +12,8 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from conftest import ServerProcess
 
-from e2e.llm_server import MODEL, llm_server
+from e2e.llm_server import MODEL, llm_client
 
 pytestmark = pytest.mark.e2e
 
@@ -33,9 +32,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    server: ServerProcess
-    with llm_server(tmp_path_factory.mktemp("tools-repo")) as server:
-        yield openai.OpenAI(base_url=f"http://{server.url}/v1", api_key="unused", timeout=120, max_retries=0)
+    with llm_client(tmp_path_factory.mktemp("tools-repo")) as client:
+        yield client
 
 
 def _valid(call: Any) -> str:

@@ -240,7 +240,6 @@ class _Request:
     last_token_at: float | None = None  # when its latest tokens arrived (None: none yet)
     first_token_at: float | None = None
     embedding: list[float] | None = None  # an embedding request's vector, once pooled
-    echo: bool = False  # the first response carries the prompt's text (response parameter prompt_text)
     prompt_extras: dict[str, Any] | None = None  # response parameters for the next response out
     scheduled_at: float = 0.0  # when the engine first batched it (the engine's clock is this one)
 
@@ -467,8 +466,7 @@ class LLMInstance(ModelInstance):
                           values.boolean("stream", False), self.tokenizer.detokenizer(),
                           StopStrings(stops, values.boolean("include_stop_str_in_output", False)) if stops else None,
                           frozenset(returns))
-        parsed.echo = values.boolean("echo", False)
-        if parsed.echo:
+        if values.boolean("echo", False):  # the first response carries the prompt's text
             parsed.prompt_extras = {"prompt_text": self.tokenizer.decode(prompt, skip_special_tokens=False)}
         return parsed
 
