@@ -22,7 +22,7 @@ PERSON = [{"role": "user", "content": "Give me a person as a JSON object with a 
 
 class Person(BaseModel):
     name: str = Field(max_length=16)
-    age: int
+    age: int = Field(ge=0, le=150)  # bounded: at temperature 1 unbounded digits could outrun max_tokens
     role: Literal["engineer", "artist", "doctor"]
 
 
