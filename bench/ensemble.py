@@ -273,7 +273,7 @@ def main(argv: list[str]) -> int:
     finally:
         server.stop()
     print_table(baseline, rows)
-    print(f"minilm_encoder's average batch inside naiad (dynamic batching of equal token counts): "
+    print(f"minilm_encoder's average batch inside naiad (dynamic batching of equal padded widths): "
           f"{batch or 0:.1f}")
     print(f"\nresults: {write_json(baseline, rows, args)}")
     return 0

@@ -2,9 +2,15 @@
 
 TEXT BYTES [batch, 1] (UTF-8) -> input_ids, attention_mask, token_type_ids INT64 [batch, seq],
 where seq is the longest sentence of that request (truncated at 256 tokens, as
-sentence-transformers does). The requests of one execute call are encoded together, which lets
-the Rust tokenizer work on them in parallel, and padded one request at a time, so a request's
-shape never depends on the requests it happened to be batched with.
+sentence-transformers does) rounded up to a multiple of PAD_MULTIPLE. The requests of one execute
+call are encoded together, which lets the Rust tokenizer work on them in parallel, and padded one
+request at a time, so a request's shape never depends on the requests it happened to be batched
+with.
+
+Why round up: the encoder's dynamic batcher (as Triton's) joins only requests of equal shapes.
+Exact lengths scatter one-sentence requests over many shapes (7 to 19 tokens gave 1.5 rows per
+encoder run); multiples of 8 leave a few, so the encoder runs large batches. Padding tokens carry
+attention mask 0: the encoder ignores them and pooling skips them, so embeddings do not change.
 """
 
 from pathlib import Path
@@ -14,6 +20,7 @@ import triton_python_backend_utils as pb_utils
 from tokenizers import Tokenizer
 
 MAX_TOKENS = 256
+PAD_MULTIPLE = 8
 OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -48,8 +55,9 @@ class TritonPythonModel:
         return responses
 
     def padded(self, encodings):
-        """The three INT64 tensors of one request, padded to its longest encoding."""
-        width = max(len(e.ids) for e in encodings)
+        """The three INT64 tensors of one request, padded to its longest encoding, rounded up."""
+        longest = max(len(e.ids) for e in encodings)
+        width = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE
         arrays = {name: np.zeros((len(encodings), width), np.int64) for name in OUTPUTS}
         arrays["input_ids"][:] = self.pad_id
         for row, e in enumerate(encodings):
