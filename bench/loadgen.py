@@ -14,6 +14,13 @@ the same `--shape`. It prints, per row:
   cost, (CPU_long - CPU_short) / (requests_long - requests_short), is what the target
   (naiad bench <= perf_analyzer at c=32) is checked on.
 
+On a machine this small the client's own CPU decides what the server can serve: perf_analyzer
+spends 3-6x more CPU per request than naiad bench, CPU the server then lacks, so unpinned the two
+tools measure two different servers. By default (`--pin`, with 2 or more CPUs) the server runs on
+CPU 0 and each tool on the others (`taskset`), as a load generator on its own machine would: both
+then drive the same server, and the ratio says whether naiad bench measures what perf_analyzer
+measures. `--no-pin` shares all CPUs as before.
+
 Run by `make bench`; `--quick` (0.5 s windows) only checks that everything works. Quote figures
 only from a quiet machine. Results go to .bench/results/loadgen-<date>.json.
 """
@@ -74,8 +81,16 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def cpu_split(pin: bool) -> tuple[list[str], list[str]]:
+    """`taskset` prefixes for the server and for the tools: CPU 0 and the rest, or none."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return [], []
+    return ["taskset", "-c", str(cpus[0])], ["taskset", "-c", ",".join(map(str, cpus[1:]))]
+
+
 def run_tool(tool: str, url: str, http_url: str, protocol: str, concurrency: int, interval_ms: int,
-             shape: str) -> Run:
+             shape: str, prefix: list[str]) -> Run:
     """Run one tool to completion; raise BenchError with its output when it fails."""
     out_csv = LOG_DIR / f"loadgen-{tool.replace(' ', '_')}-{protocol}-c{concurrency}-{interval_ms}.csv"
     out_csv.unlink(missing_ok=True)
@@ -86,7 +101,7 @@ def run_tool(tool: str, url: str, http_url: str, protocol: str, concurrency: int
     else:
         argv, env = [str(NAIAD), "bench", MODEL, "-u", url, "-i", protocol, "--no-progress", *common], None
     count0, cpu0, t0 = model_inference_count(http_url, MODEL), children_cpu(), time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(prefix + argv, capture_output=True, text=True, env=env, timeout=600)
     cpu1, t1, count1 = children_cpu(), time.monotonic(), model_inference_count(http_url, MODEL)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     (out_csv.with_suffix(".log")).write_text(done.stdout + done.stderr)
@@ -113,12 +128,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--interval-ms", type=int, default=3000, help="measurement interval of both tools")
     parser.add_argument("--shape", default="INPUT0:16")
     parser.add_argument("--quick", action="store_true", help="0.5 s windows: checks the script, quotes nothing")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="server on CPU 0, the tools on the others (default on)")
     args = parser.parse_args(argv)
+    server_cpus, tool_cpus = cpu_split(args.pin)
     interval = 500 if args.quick else args.interval_ms
     ensure_peers()
     http_port, grpc_port, metrics_port = free_ports(3)
     server = start_server("loadgen-naiad", [
-        str(NAIAD), "serve", "--model-repository", str(ROOT / "examples/models"), "--model-control-mode", "explicit",
+        *server_cpus, str(NAIAD), "serve", "--model-repository", str(ROOT / "examples/models"),
+        "--model-control-mode", "explicit",
         f"--load-model={MODEL}", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
         "--metrics-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
         f"--metrics-port={metrics_port}"])
@@ -133,11 +152,11 @@ def main(argv: list[str]) -> int:
             for index, c in enumerate(args.concurrency):
                 tools = ["perf_analyzer", "naiad bench"]
                 for tool in tools if index % 2 == 0 else reversed(tools):
-                    runs.append(run_tool(tool, url, server.url, protocol, c, interval, args.shape))
+                    runs.append(run_tool(tool, url, server.url, protocol, c, interval, args.shape, tool_cpus))
             last = args.concurrency[-1]
             marginals[protocol] = {}
             for tool in ("perf_analyzer", "naiad bench"):
-                long = run_tool(tool, url, server.url, protocol, last, 2 * interval, args.shape)
+                long = run_tool(tool, url, server.url, protocol, last, 2 * interval, args.shape, tool_cpus)
                 short = next(r for r in runs if r.tool == tool and r.protocol == protocol and r.concurrency == last)
                 runs.append(long)
                 marginals[protocol][tool] = marginal(short, long)
@@ -146,21 +165,24 @@ def main(argv: list[str]) -> int:
         return 1
     finally:
         server.stop()
-    print_table(runs, marginals, args, interval)
+    print_table(runs, marginals, args, interval, server_cpus, tool_cpus)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"loadgen-{time.strftime('%Y-%m-%dT%H%M%S')}.json"
     path.write_text(json.dumps({"benchmark": "loadgen", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                                 "loadavg": os.getloadavg(), "cpus": os.cpu_count(), "quick": args.quick,
-                                "interval_ms": interval, "runs": [asdict(r) for r in runs],
+                                "interval_ms": interval,
+                                "server_cpus": server_cpus[2:], "tool_cpus": tool_cpus[2:],
+                                "runs": [asdict(r) for r in runs],
                                 "marginal_cpu_us_per_request": marginals}, indent=2) + "\n")
     print(f"\nresults: {path}")
     return 0
 
 
 def print_table(runs: list[Run], marginals: dict[str, dict[str, float | None]], args: argparse.Namespace,
-                interval: int) -> None:
-    print(f"\nidentity on naiad ({interval} ms windows); infer/s as each tool reports it; CPU-us = the client's "
-          "own CPU per request over its whole run")
+                interval: int, server_cpus: list[str], tool_cpus: list[str]) -> None:
+    pinned = f"server on CPU {server_cpus[-1]}, tools on {tool_cpus[-1]}" if server_cpus else "CPUs shared"
+    print(f"\nidentity on naiad ({interval} ms windows, {pinned}); infer/s as each tool reports it; "
+          "CPU-us = the client's own CPU per request over its whole run")
     head = ["protocol", "c", "PA inf/s", "bench inf/s", "ratio", "PA p50", "bench p50", "PA CPU-us", "bench CPU-us"]
     print("  ".join(f"{h:>12}" for h in head))
     for protocol in args.protocols:

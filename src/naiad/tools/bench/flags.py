@@ -31,8 +31,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                       help="open-loop request rates per second instead of concurrencies")
     load.add_argument("--request-distribution", choices=["poisson", "constant"], default="poisson")
     load.add_argument("--max-connections", type=int, default=256, help="request-rate mode: most connections")
-    load.add_argument("--grpc-streams-per-connection", type=int, default=1,
-                      help="gRPC: calls multiplexed on each HTTP/2 connection (default 1: one per slot)")
+    load.add_argument("--grpc-streams-per-connection", type=int, default=0,
+                      help="gRPC: calls multiplexed on each HTTP/2 connection (default 0: up to 100 on one, "
+                           "as perf_analyzer shares one channel)")
     load.add_argument("-l", "--latency-threshold", type=float, default=None, metavar="MS",
                       help="stop the sweep after a level whose p99 latency is above this")
     window = p.add_argument_group("measurement (as perf_analyzer)")

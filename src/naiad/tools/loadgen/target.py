@@ -2,7 +2,10 @@
 
 A target opens *slots*: each carries one request at a time (`send`), and reports each answer to
 the `Done` callback with its latency. HTTP slots are keep-alive connections; gRPC slots share
-connections (`streams_per_connection` calls in flight on each). A target also makes the control
+connections (`streams_per_connection` calls in flight on each). By default they share as few
+connections as the server's stream limit allows, as perf_analyzer's gRPC client shares one
+channel: the server then reads and answers many calls per system call, and a load generator with
+a connection per call would measure a different, slower server. A target also makes the control
 calls the tools need: the model's config, its statistics, shared-memory regions, repository loads.
 """
 
@@ -280,10 +283,12 @@ class GrpcTarget(Target):
 
     protocol = "grpc"
 
-    def __init__(self, url: str, metadata: dict[str, str] | None = None, streams_per_connection: int = 1) -> None:
+    def __init__(self, url: str, metadata: dict[str, str] | None = None, streams_per_connection: int = 0) -> None:
         self.host, self.port = parse_url(url, "grpc")
         self.metadata = metadata or {}
-        self.streams_per_connection = max(1, streams_per_connection)
+        # 0: the default, 100 per connection, the stream limit HTTP/2 recommends servers allow at
+        # least (RFC 9113 6.5.2); naiad allows 128, gRPC servers by default more.
+        self.streams_per_connection = streams_per_connection if streams_per_connection > 0 else 100
         self.control = h2.GrpcControl(self.host, self.port, self.metadata)
         self.slots: list[GrpcSlot] = []
         self.connections: list[h2.H2Connection] = []
@@ -363,7 +368,7 @@ class GrpcTarget(Target):
 
 
 def make_target(protocol: str, url: str, headers: dict[str, str] | None = None,
-                streams_per_connection: int = 1) -> Target:
+                streams_per_connection: int = 0) -> Target:
     """An HTTP or gRPC target for `url`."""
     if protocol == "http":
         return HttpTarget(url, headers)
