@@ -3,9 +3,12 @@ in-process engine; aborts, rejections, a failing step and a dying process reach 
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import queue
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from naiad.llm.engine.engine_core import (
 )
 from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 from naiad.llm.engine.sampling_params import GREEDY, SamplingParams
+from naiad.llm.loading.gguf import smollm2_path
 
 PROMPTS = [[5, 9, 2, 7, 1, 8], [3, 3, 4], list(range(3, 40))]
 
@@ -180,3 +184,67 @@ def test_a_core_that_cannot_start_raises_its_reason(tmp_path: Path) -> None:
 def test_messages_decode_to_their_types() -> None:
     add = AddRequest("x", [1, 2], 3, SamplingParams(temperature=0.5, stop_token_ids=(7,)))
     assert engine_core._client_decoder.decode(engine_core._encoder.encode(add)) == add
+
+
+# ------------------------------------------------------------------ grammars compile off the loop
+
+
+def _huge_schema(properties: int = 5000) -> str:
+    """A JSON schema llguidance takes seconds to compile (1.5 s on the 2-core CI class of machine)."""
+    props = {f"p{i}": {"type": "integer"} for i in range(properties)}
+    return json.dumps({"type": "object", "properties": props, "required": ["p0"]})
+
+
+def _smollm2_core(collector: Collector) -> EngineClient:
+    pytest.importorskip("llguidance")
+    return EngineClient(EngineConfig(smollm2_path(), kv_cache_memory=64 << 20), collector, in_process=True)
+
+
+def test_a_slow_grammar_compiles_while_other_streams_step_on() -> None:
+    """The attack: a request with a schema that compiles for seconds. The bystander, a stream
+    already decoding, must keep getting tokens meanwhile: its longest gap between steps stays
+    far below the compile, which on the core's loop would be its gap (stalled for all)."""
+    collector = Collector()
+    client = _smollm2_core(collector)
+    try:
+        client.add(AddRequest("bystander", [1, 2, 3, 4], 2000, GREEDY, ignore_eos=True))
+        assert isinstance(collector.messages.get(timeout=60), StepOutputs)  # decoding
+        added = time.monotonic()
+        client.add(AddRequest("attack", [1, 2, 3], 2, SamplingParams(temperature=0.0,
+                                                                       guide=("json_schema", _huge_schema()))))
+        bystander_times, attack_first = [added], None
+        while attack_first is None:
+            message = collector.messages.get(timeout=120)
+            assert isinstance(message, StepOutputs), message
+            now = time.monotonic()
+            for output in message.outputs:
+                if output.request_id == "bystander" and output.new_token_ids:
+                    bystander_times.append(now)
+                elif output.request_id == "attack":
+                    attack_first = now
+        client.abort(["bystander"])
+    finally:
+        client.close()
+    waited = attack_first - added  # its compile, then its prefill
+    gaps = [b - a for a, b in itertools.pairwise(bystander_times)]
+    assert len(gaps) >= 5, f"the bystander got {len(gaps)} steps in the {waited:.2f} s the attack waited"
+    assert max(gaps) < waited / 3, f"the bystander stalled {max(gaps):.2f} s of the attack's {waited:.2f} s"
+
+
+def test_requests_waiting_for_a_grammar_are_aborted_and_rejected_as_others() -> None:
+    collector = Collector()
+    client = _smollm2_core(collector)
+    try:
+        slow = ("json_schema", _huge_schema())
+        client.add(AddRequest("aborted", [1, 2, 3], 2, SamplingParams(temperature=0.0, guide=slow)))
+        client.abort(["aborted"])
+        client.add(AddRequest("bad", [1, 2, 3], 2, SamplingParams(guide=("regex", "(unclosed"))))
+        client.add(AddRequest("same", [1, 2, 3], 2, SamplingParams(temperature=0.0, guide=slow)))
+        rejected = collector.messages.get(timeout=60)
+        assert isinstance(rejected, RequestRejected) and rejected.request_id == "bad"
+        assert "regex" in rejected.message
+        outputs = collector.until_finished({"same"}, timeout=120)  # the grammar compiled once serves it
+        assert outputs["same"][-1].finish_reason is not None
+        assert collector.messages.empty()  # nothing for the aborted request
+    finally:
+        client.close()

@@ -7,7 +7,9 @@ per step with every sequence's new tokens (as vLLM v1's EngineCore).
 
 The loop: when nothing is running it sleeps in `poll` until a message comes; otherwise it
 drains the messages that are waiting (adds, aborts), runs one step and sends its outputs,
-without sleeping. `EngineClient` is the server's end: it starts the core (in a process, or in
+without sleeping. A request whose grammar (structured outputs) is new waits for it on a thread
+of its own: a large JSON schema compiles for seconds, which on the loop would stall every stream
+(see `_add`). `EngineClient` is the server's end: it starts the core (in a process, or in
 a thread for tests and debugging), sends requests and aborts, and hands every message the
 core sends to a callback on its reader thread. If the core process dies, the callback gets
 `EngineFailed` for every request still open, the client stops accepting work, and `on_exit`
@@ -26,7 +28,9 @@ import logging
 import multiprocessing
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from typing import Any
 
 import msgspec
 
@@ -39,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: how often an idle core with tensor-parallel workers checks that they are alive
 WORKER_CHECK_SECS = 1.0
+#: how often a core with nothing to step but grammars compiling looks whether one is done
+COMPILE_POLL_SECS = 0.002
 
 # ------------------------------------------------------------------------------ client → core
 
@@ -165,16 +171,27 @@ class EngineCore:
         self._active: dict[str, Sequence] = {}
         self._sent: dict[str, int] = {}  # output tokens already sent, by request id
         self._broken = False  # a tensor-parallel worker died: no step can run again
+        self._compiler: ThreadPoolExecutor | None = None  # started by the first new grammar
+        self._compiles: dict[tuple[str, str], Future[Any]] = {}  # by guide: one compile per guide
+        self._waiting: dict[str, AddRequest] = {}  # requests whose grammar is compiling
 
     def run(self) -> None:
-        while not self._broken:
-            if not self._active and not self._wait_for_work():
-                return
-            while self.conn.poll(0):
-                if not self._handle(_client_decoder.decode(self.conn.recv_bytes())):
+        try:
+            while not self._broken:
+                if not self._active and not self._waiting and not self._wait_for_work():
                     return
-            if self._active:
-                self.conn.send_bytes(_encoder.encode(self._step()))
+                if not self._active and self._waiting:
+                    self.conn.poll(COMPILE_POLL_SECS)  # nothing to step: a message or a grammar
+                while self.conn.poll(0):
+                    if not self._handle(_client_decoder.decode(self.conn.recv_bytes())):
+                        return
+                if self._compiles:
+                    self._add_compiled()
+                if self._active:
+                    self.conn.send_bytes(_encoder.encode(self._step()))
+        finally:
+            if self._compiler is not None:
+                self._compiler.shutdown(wait=False, cancel_futures=True)
 
     def _wait_for_work(self) -> bool:
         """Idle: sleep until the client writes. With workers, wake up now and then to check that
@@ -197,6 +214,8 @@ class EngineCore:
             self._add(message)
         elif isinstance(message, AbortRequests):
             for request_id in message.request_ids:
+                if self._waiting.pop(request_id, None) is not None:
+                    continue  # its grammar compiles on (kept for the next request that asks)
                 if self._active.pop(request_id, None) is not None:
                     self.engine.abort_request(request_id)
                     del self._sent[request_id]
@@ -205,6 +224,37 @@ class EngineCore:
         return True
 
     def _add(self, request: AddRequest) -> None:
+        guide = request.sampling_params.guide
+        if guide is not None and not self.engine.grammars.is_compiled(guide):
+            # A new grammar compiles on a thread (llguidance lets go of the GIL) while the other
+            # streams step on; the request joins once it is done (`_add_compiled`).
+            if guide not in self._compiles:
+                if self._compiler is None:
+                    self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+                self._compiles[guide] = self._compiler.submit(self.engine.grammars.compile, guide)
+            self._waiting[request.request_id] = request
+            return
+        self._add_now(request)
+
+    def _add_compiled(self) -> None:
+        """Add the waiting requests whose grammar is compiled; reject those whose grammar failed."""
+        done = {guide: future for guide, future in self._compiles.items() if future.done()}
+        if not done:
+            return
+        for guide in done:
+            del self._compiles[guide]
+        for request_id, request in list(self._waiting.items()):
+            future = done.get(request.sampling_params.guide)  # type: ignore[arg-type]
+            if future is None:
+                continue
+            del self._waiting[request_id]
+            error = future.exception()
+            if error is not None:  # not compiled again on the loop: it could be as slow to fail
+                self.conn.send_bytes(_encoder.encode(RequestRejected(request_id, str(error))))
+            else:
+                self._add_now(request)  # the compiled grammar is in the engine's cache now
+
+    def _add_now(self, request: AddRequest) -> None:
         try:
             self.engine.add_request(
                 request.prompt_token_ids, request.max_tokens, sampling_params=request.sampling_params,
