@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from naiad.errors import InternalError, InvalidArgument
-from naiad.frontends.http.openai import _Call, _Choice, _usage
+from naiad.frontends.http.openai import _Call
+from naiad.frontends.http.openai_answers import Choice, usage
 
 MODEL = "m"
 
@@ -89,7 +90,7 @@ ENTRIES = [
 
 def test_chat_logprobs_shape() -> None:
     call = _call(logprobs=True, top_logprobs=1)
-    choice = call.completion([_Choice("Paris", "length", 4, 2, ENTRIES)])["choices"][0]
+    choice = call.completion([Choice("Paris", "length", 4, 2, ENTRIES)])["choices"][0]
     content = choice["logprobs"]["content"]
     assert [entry["token"] for entry in content] == ["Par", "is"]
     assert content[1]["top_logprobs"] == [{"token": ".", "logprob": -0.1, "bytes": [46]}]
@@ -98,7 +99,7 @@ def test_chat_logprobs_shape() -> None:
 
 def test_completion_logprobs_shape_includes_the_sampled_token_and_offsets() -> None:
     call = _call(False, logprobs=1)
-    logprobs = call.completion([_Choice("Paris", "stop", 4, 2, ENTRIES)])["choices"][0]["logprobs"]
+    logprobs = call.completion([Choice("Paris", "stop", 4, 2, ENTRIES)])["choices"][0]["logprobs"]
     assert logprobs["tokens"] == ["Par", "is"] and logprobs["token_logprobs"] == [-0.25, -3.0]
     assert logprobs["top_logprobs"] == [{"Par": -0.25, "Lon": -2.0}, {".": -0.1, "is": -3.0}]
     assert logprobs["text_offset"] == [0, 3]
@@ -107,14 +108,14 @@ def test_completion_logprobs_shape_includes_the_sampled_token_and_offsets() -> N
 
 
 def test_usage_counts_the_prompt_once_and_sums_the_completions() -> None:
-    choices = [_Choice(prompt_tokens=10, completion_tokens=3, cached_tokens=4),
-               _Choice(prompt_tokens=10, completion_tokens=5, cached_tokens=4)]
-    assert _usage(choices, 2) == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18,
+    choices = [Choice(prompt_tokens=10, completion_tokens=3, cached_tokens=4),
+               Choice(prompt_tokens=10, completion_tokens=5, cached_tokens=4)]
+    assert usage(choices, 2) == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18,
                                   "prompt_tokens_details": {"cached_tokens": 4}}
 
 
 def test_no_logprobs_unless_asked() -> None:
-    body = _call().completion([_Choice("x", "stop", 1, 1, ENTRIES)])
+    body = _call().completion([Choice("x", "stop", 1, 1, ENTRIES)])
     assert body["choices"][0]["logprobs"] is None
     assert "logprobs" not in _call().requests[0].parameters
 
@@ -144,8 +145,8 @@ def test_a_batch_of_prompts_orders_choices_by_prompt_then_n() -> None:
     texts = [request.inputs[0].data[0].decode() for request in call.requests]
     assert texts == ["one", "one", "two", "two"]
     assert [request.parameters["seed"] for request in call.requests] == [3, 4, 3, 4]
-    usage = call.completion([_Choice("x", "stop", 5, 1), _Choice("y", "stop", 5, 2),
-                             _Choice("z", "stop", 7, 3), _Choice("w", "stop", 7, 4)])["usage"]
+    usage = call.completion([Choice("x", "stop", 5, 1), Choice("y", "stop", 5, 2),
+                             Choice("z", "stop", 7, 3), Choice("w", "stop", 7, 4)])["usage"]
     assert usage == {"prompt_tokens": 12, "completion_tokens": 10, "total_tokens": 22,
                      "prompt_tokens_details": {"cached_tokens": 0}}
 
@@ -175,14 +176,14 @@ def test_bad_prompts_are_refused(prompt: Any, message: str) -> None:
 
 def test_a_model_with_a_reasoning_parser_answers_with_reasoning_content() -> None:
     call = _call(server=_Server({"reasoning_parser": "qwen3"}))
-    message = call.completion([_Choice("<think>France.</think>Paris.", "stop", 4, 2)])["choices"][0]["message"]
+    message = call.completion([Choice("<think>France.</think>Paris.", "stop", 4, 2)])["choices"][0]["message"]
     assert message == {"role": "assistant", "content": "Paris.", "reasoning_content": "France."}
-    plain = call.completion([_Choice("Paris.", "stop", 4, 2)])["choices"][0]["message"]
+    plain = call.completion([Choice("Paris.", "stop", 4, 2)])["choices"][0]["message"]
     assert plain == {"role": "assistant", "content": "Paris.", "reasoning_content": None}
     assert call.chunk(0, "", [], 0, reasoning="Fra")["choices"][0]["delta"] == {"role": "assistant",
                                                                                 "reasoning_content": "Fra"}
     assert call.chunk(0, "Par", [], 0)["choices"][0]["delta"] == {"role": "assistant", "content": "Par"}
-    without = _call().completion([_Choice("<think>x</think>y", "stop", 1, 1)])["choices"][0]["message"]
+    without = _call().completion([Choice("<think>x</think>y", "stop", 1, 1)])["choices"][0]["message"]
     assert without == {"role": "assistant", "content": "<think>x</think>y"}  # no parser: the text as it is
     assert _call(False, server=_Server({"reasoning_parser": "qwen3"})).thinks_first is None  # chats only
 

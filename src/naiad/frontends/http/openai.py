@@ -19,7 +19,8 @@ prompt p's, as OpenAI orders them). vLLM's
 `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs` (chat) and
 `include_stop_str_in_output` go to the backend, which renders the template. A model whose config
 names a `reasoning_parser` answers chats with `reasoning_content` beside `content` (reasoning.py);
-`/tokenize` and `/detokenize` are in openai_tokens.py.
+`/tokenize` and `/detokenize` are in openai_tokens.py; reading the backend's responses into
+choices in openai_answers.py, the server-sent events in openai_sse.py.
 Structured outputs (`response_format`, vLLM's `guided_*`) are read in openai_guided.py.
 A completion with `echo` starts with its prompt (the backend's decoding of it: token-id prompts
 too) and, with `logprobs`, the prompt tokens' logprobs first (the first token's null), as
@@ -33,34 +34,30 @@ are a 400, as is any field this module does not know; the metadata fields client
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import numpy as np
 
 from naiad.core.server import InferenceServer
-from naiad.errors import InternalError, InvalidArgument, NaiadError, NotFound
+from naiad.errors import InvalidArgument, NaiadError, NotFound
+from naiad.frontends.http.openai_answers import Body, Choice, collect, openai_error, usage
 from naiad.frontends.http.openai_guided import GUIDED_FIELDS, guided_parameters
+from naiad.frontends.http.openai_sse import stream_reply
 from naiad.frontends.http.openai_tasks import check_fields, embedding_models
-from naiad.frontends.http.openai_tools import CallWatch, HeldText, Tools, parse_tools
+from naiad.frontends.http.openai_tools import Tools, parse_tools
 from naiad.frontends.http.reasoning import CONFIG_KEY as REASONING_KEY
 from naiad.frontends.http.reasoning import ReasoningSplitter, thinks_first
-from naiad.frontends.http.reply import HTTP_STATUS, Headers, Reply, StreamReply
+from naiad.frontends.http.reply import Headers, Reply
 from naiad.frontends.http.routes import Route
 from naiad.frontends.http.tracing import carry_trace
-from naiad.types import DataType, InferRequest, InferResponse, Tensor
-
-Body = dict[str, Any]
+from naiad.types import DataType, InferRequest, Tensor
 
 LLM_BACKEND = "llm"
-SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
-_DONE = b"data: [DONE]\n\n"
 MAX_N = 128  # as OpenAI
 MAX_CHOICES = 2048  # prompts x n in one completions call: each is a request to the model
 MAX_STOP = 4  # stop strings, as OpenAI
@@ -115,8 +112,8 @@ async def _answer(server: InferenceServer, body: bytes, headers: Headers, chat: 
         for request in call.requests:
             carry_trace(server, request, headers)
         if call.stream:
-            return await _stream(server, call)
-        choices = await asyncio.gather(*(_collect(server, request) for request in call.requests))
+            return await stream_reply(server, call)
+        choices = await asyncio.gather(*(collect(server, request) for request in call.requests))
         return Reply(200, _encoder.encode(call.completion(choices)))
     except NaiadError as error:
         return openai_error(error)
@@ -211,13 +208,13 @@ class _Call:
 
     # -- answers
 
-    def completion(self, choices: list[_Choice]) -> Body:
+    def completion(self, choices: list[Choice]) -> Body:
         body = self._envelope("chat.completion" if self.chat else "text_completion")
         body["choices"] = [self._choice(index, choice) for index, choice in enumerate(choices)]
-        body["usage"] = _usage(choices, self.n)
+        body["usage"] = usage(choices, self.n)
         return body
 
-    def _choice(self, index: int, choice: _Choice) -> Body:
+    def _choice(self, index: int, choice: Choice) -> Body:
         body: Body = {"index": index, "finish_reason": choice.finish_reason or "stop",
                       "logprobs": self._logprobs(choice.logprobs, 0) if self.logprobs is not None else None}
         if choice.timings is not None:
@@ -265,10 +262,10 @@ class _Call:
         body["choices"] = [{"index": index, "finish_reason": None, "logprobs": None, "delta": delta}]
         return body
 
-    def usage_chunk(self, choices: list[_Choice]) -> Body:
+    def usage_chunk(self, choices: list[Choice]) -> Body:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
         body["choices"] = []
-        body["usage"] = _usage(choices, self.n)
+        body["usage"] = usage(choices, self.n)
         return body
 
     def _envelope(self, kind: str) -> Body:
@@ -492,233 +489,5 @@ def text_input(text: str) -> Tensor:
 # ------------------------------------------------------------------------------------ responses
 
 
-@dataclass(slots=True)
-class _Piece:
-    """What one backend response carries."""
-
-    text: str = ""
-    finish_reason: str = ""  # "" until the end
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    logprobs: list[Body] = field(default_factory=list)
-    cached_tokens: int | None = None
-    timings: Body | None = None  # on the last: queue_ms, prefill_ms, decode_ms
-    prompt_text: str | None = None  # with echo, on the first
-    prompt_logprobs: list[Body] | None = None  # with echo and logprobs, on the first
-
-
-#: the backend's response parameters that say where a request's time went
-TIMINGS = ("queue_ms", "prefill_ms", "decode_ms")
-
-
-@dataclass(slots=True)
-class _Choice:
-    """One choice's answer so far."""
-
-    text: str = ""
-    finish_reason: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    logprobs: list[Body] = field(default_factory=list)
-    offset: int = 0  # text length of its logprob tokens so far (completions' text_offset)
-    cached_tokens: int = 0  # of the prompt's, found in the prefix cache
-    timings: Body | None = None
-
-    def add(self, piece: _Piece) -> None:
-        if piece.prompt_text is not None:  # echo: the prompt comes first
-            piece.text = piece.prompt_text + piece.text
-            piece.logprobs = (piece.prompt_logprobs or []) + piece.logprobs
-        self.timings = piece.timings or self.timings
-        self.text += piece.text
-        self.finish_reason = piece.finish_reason or self.finish_reason
-        if piece.prompt_tokens is not None:
-            self.prompt_tokens = piece.prompt_tokens
-        if piece.cached_tokens is not None:
-            self.cached_tokens = piece.cached_tokens
-        if piece.completion_tokens is not None:
-            self.completion_tokens = piece.completion_tokens
-        self.logprobs.extend(piece.logprobs)
-
-
-def _usage(choices: list[_Choice], n: int = 1) -> Body:
-    """Each prompt counts once (its `n` choices share it), the completions of every choice add up."""
-    prompt = sum(choice.prompt_tokens for choice in choices[::n])
-    cached = sum(choice.cached_tokens for choice in choices[::n])
-    completion = sum(choice.completion_tokens for choice in choices)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-async def _collect(server: InferenceServer, request: InferRequest) -> _Choice:
-    choice = _Choice()
-    async for response in server.stream(request):
-        choice.add(response_piece(response))
-    return choice
-
-
-def response_piece(response: InferResponse) -> _Piece:
-    """What a response carries (nothing for the flags-only final); its error raises."""
-    if response.error is not None:
-        error = response.error
-        raise error if isinstance(error, NaiadError) else InternalError(str(error))
-    piece = _Piece()
-    cached = response.parameters.get("cached_tokens")
-    if isinstance(cached, int):
-        piece.cached_tokens = cached
-    if isinstance(response.parameters.get("prompt_text"), str):
-        piece.prompt_text = response.parameters["prompt_text"]
-    if isinstance(response.parameters.get("prompt_logprobs"), str):
-        piece.prompt_logprobs = json.loads(response.parameters["prompt_logprobs"])
-    if "decode_ms" in response.parameters:
-        piece.timings = {key: response.parameters.get(key) for key in TIMINGS}
-    for tensor in response.outputs:
-        values = np.asarray(tensor.data).ravel().tolist()
-        if tensor.name == "text_output":
-            piece.text = b"".join(values).decode("utf-8", "replace")
-        elif tensor.name == "finish_reason":
-            piece.finish_reason = values[0].decode()
-        elif tensor.name == "prompt_tokens":
-            piece.prompt_tokens = int(values[0])
-        elif tensor.name == "completion_tokens":
-            piece.completion_tokens = int(values[0])
-        elif tensor.name == "logprobs":
-            piece.logprobs = json.loads(values[0])
-    return piece
-
-
 def _new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-
-
-async def _stream(server: InferenceServer, call: _Call) -> Reply:
-    events = _Events(server, call)
-    try:
-        # The backend validates before scheduling: a bad setting is still an ordinary error reply.
-        await events.start()
-    except BaseException:
-        await events.aclose()
-        raise
-    return StreamReply(200, events, SSE_CONTENT_TYPE)
-
-
-#: one response of choice `index`, or None when its stream ended, or the exception it raised
-_Item = tuple[int, InferResponse | BaseException | None]
-
-
-class _Events:
-    """The SSE body: a task per choice feeds one queue, so that the choices' chunks interleave
-    as they come; each choice's finish_reason chunk, then the usage chunk when asked, then
-    `[DONE]`."""
-
-    def __init__(self, server: InferenceServer, call: _Call) -> None:
-        self.call = call
-        self.queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self.tasks = [asyncio.ensure_future(self._pump(server, index, request))
-                      for index, request in enumerate(call.requests)]
-        self.first: list[_Item] = []
-        self._body = self._events()
-
-    async def _pump(self, server: InferenceServer, index: int, request: InferRequest) -> None:
-        responses = server.stream(request)
-        try:
-            async for response in responses:
-                self.queue.put_nowait((index, response))
-            self.queue.put_nowait((index, None))
-        except Exception as error:  # handed over to the SSE body (cancellation is not an Exception)
-            self.queue.put_nowait((index, error))
-
-    async def start(self) -> None:
-        """Wait for every choice's first response; the first error raises (before the 200)."""
-        started: set[int] = set()
-        while len(started) < len(self.tasks):
-            index, item = await self.queue.get()
-            if isinstance(item, BaseException):
-                raise item if isinstance(item, NaiadError) else InternalError(str(item))
-            if item is not None and item.error is not None:
-                response_piece(item)
-            started.add(index)
-            self.first.append((index, item))
-
-    async def _events(self) -> AsyncGenerator[bytes, None]:
-        call = self.call
-        choices = [_Choice() for _ in call.requests]
-        splitters = [ReasoningSplitter(call.thinks_first) for _ in choices] if call.thinks_first is not None else None
-        watches = None
-        if call.tools is not None:  # forced calls: all held (a JSON array); auto: from a possible call on
-            watches = [CallWatch(call.tools) if call.tools.forced is None else HeldText(call.tools) for _ in choices]
-        open_choices = len(choices)
-        pending = list(self.first)
-        while open_choices:
-            index, item = pending.pop(0) if pending else await self.queue.get()
-            if item is None:
-                open_choices -= 1
-                continue
-            try:
-                if isinstance(item, BaseException):
-                    raise item if isinstance(item, NaiadError) else InternalError(str(item))
-                piece = response_piece(item)
-            except NaiadError as error:  # after the 200 is sent, an error can only be an event
-                yield _sse(_error_body(error))
-                return
-            choice = choices[index]
-            offset = choice.offset
-            choice.add(piece)
-            choice.offset += sum(len(entry["token"]) for entry in piece.logprobs)
-            reasoning, text = "", piece.text
-            if splitters is not None:
-                reasoning, text = splitters[index].push(piece.text, final=bool(piece.finish_reason))
-            finish_reason = piece.finish_reason
-            if watches is not None:  # text that may hold a call waits until the calls can be found
-                text = watches[index].push(text)
-                if finish_reason:
-                    content, calls = watches[index].finish()
-                    if calls:
-                        if text or piece.logprobs:
-                            yield _sse(call.chunk(index, text, piece.logprobs, offset, reasoning=reasoning))
-                            text, reasoning, piece.logprobs = "", "", []
-                        yield _sse(call.tool_calls_chunk(index, content, calls))
-                        finish_reason = "tool_calls"
-                    else:
-                        text += content or ""
-            if text or reasoning or piece.logprobs:
-                yield _sse(call.chunk(index, text, piece.logprobs, offset, reasoning=reasoning))
-            if finish_reason:
-                yield _sse(call.chunk(index, "", [], 0, finish_reason, timings=choice.timings))
-        if call.include_usage:
-            yield _sse(call.usage_chunk(choices))
-        yield _DONE
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._body
-
-    async def aclose(self) -> None:
-        # Cancelling a pump closes its server.stream, which marks the request cancelled: a client
-        # that leaves stops the engine.
-        await self._body.aclose()
-        for task in self.tasks:
-            task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-def _sse(value: Body) -> bytes:
-    return b"data: " + _encoder.encode(value) + b"\n\n"
-
-
-# --------------------------------------------------------------------------------------- errors
-
-
-def openai_error(error: NaiadError) -> Reply:
-    status = HTTP_STATUS.get(error.status, 400)
-    return Reply(status, _encoder.encode(_error_body(error)))
-
-
-def _error_body(error: NaiadError) -> Body:
-    status = HTTP_STATUS.get(error.status, 400)
-    kind = {404: "not_found_error", 500: "internal_error", 503: "service_unavailable"}.get(
-        status, "invalid_request_error")
-    return {"error": {"message": error.message, "type": kind, "param": None,
-                      "code": "model_not_found" if status == 404 else None}}
-
-

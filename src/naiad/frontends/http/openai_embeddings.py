@@ -26,7 +26,8 @@ import numpy as np
 
 from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError
-from naiad.frontends.http.openai import openai_error, parse_body
+from naiad.frontends.http.openai import parse_body
+from naiad.frontends.http.openai_answers import openai_error
 from naiad.frontends.http.openai_tasks import Embedder, check_fields, require_embedder
 from naiad.frontends.http.reply import Headers, Reply
 from naiad.frontends.http.routes import Route

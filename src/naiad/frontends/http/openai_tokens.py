@@ -11,15 +11,8 @@ import msgspec
 
 from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError
-from naiad.frontends.http.openai import (
-    llm_model,
-    messages_json,
-    openai_error,
-    parse_body,
-    response_piece,
-    template_controls,
-    text_input,
-)
+from naiad.frontends.http.openai import llm_model, messages_json, parse_body, template_controls, text_input
+from naiad.frontends.http.openai_answers import openai_error, response_piece
 from naiad.frontends.http.openai_tasks import check_fields
 from naiad.frontends.http.reply import Headers, Reply
 from naiad.frontends.http.routes import Route
