@@ -47,7 +47,8 @@ def test_a_gpu_instance_runs_on_its_groups_gpu(tmp_path) -> None:
 
 
 def test_llm_metrics_count_tokens_and_time_them() -> None:
-    from naiad.backends.llm import LLMMetrics, _Request
+    from naiad.backends.llm import _Request
+    from naiad.backends.llm_metrics import LLMMetrics
     from naiad.llm.engine.engine_core import EngineStats
 
     metrics = LLMMetrics("llm_0")

@@ -177,7 +177,7 @@ def _expanded(args: list[str], env: dict[str, str]) -> list[str]:
 
 def test_multinode_runtime_gives_the_head_its_placement_and_the_workers_their_agent() -> None:
     from naiad import cli
-    from naiad.backends.llm import PLACEMENT_SETTINGS
+    from naiad.backends.llm_settings import PLACEMENT_SETTINGS
 
     spec = RUNTIMES["naiad-llm-multinode"]["spec"]
     head, (worker,) = spec["containers"][0], spec["workerSpec"]["containers"]

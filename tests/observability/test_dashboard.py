@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from naiad.backends.llm import LLMMetrics
+from naiad.backends.llm_metrics import LLMMetrics
 from naiad.llm.engine.engine_core import EngineStats
 from naiad.observability.metrics import CpuSampler, ModelSample, render_models
 from naiad.observability.statistics import LatencySettings, ModelStatistics

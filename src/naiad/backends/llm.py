@@ -60,15 +60,16 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Batch, BatchSender, ExecutionTimes, Model, ModelInstance, Outputs, ParameterizedOutputs
+from naiad.backends.llm_metrics import LLMMetrics
 from naiad.backends.llm_prompt import chat_prompt
 from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters, guide
+from naiad.backends.llm_settings import ENGINE_PARAMETERS, PLACEMENT_SETTINGS, config_parameter, model_path
 from naiad.backends.llm_supervisor import EngineSupervisor, RestartPolicy
 from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError, Unavailable
 from naiad.llm.engine.engine_core import (
     AddRequest,
     CoreMessage,
     EngineFailed,
-    EngineStats,
     RequestOutput,
     RequestRejected,
     StepOutputs,
@@ -76,16 +77,13 @@ from naiad.llm.engine.engine_core import (
 from naiad.llm.engine.llm_engine import EngineConfig
 from naiad.llm.engine.sampling_params import SamplingParams
 from naiad.llm.engine.sequence import FinishReason, TokenLogprobs
-from naiad.llm.loading import gguf
 from naiad.llm.loading.loader import load_tokenizer, read_args
 from naiad.llm.loading.tokenizer import IncrementalDetokenizer
 from naiad.observability.metrics import MetricRow
-from naiad.observability.statistics import Histogram
 from naiad.types import InferRequest, RequestedOutput
 
 log = logging.getLogger(__name__)
 
-BUNDLED = {"bundled:smollm2": gguf.smollm2_path}
 TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"
 FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS, LOGPROBS = "finish_reason", "prompt_tokens", "completion_tokens", \
     "logprobs"
@@ -140,7 +138,7 @@ class LLMModel(Model):
             raise InvalidArgument(f"model '{self.config.name}': the llm backend needs "
                                   "model_transaction_policy { decoupled: true }")
         params = {key: value.string_value for key, value in self.config.parameters.items()}
-        engine_process = _parameter("engine_process", params.get("engine_process", "true"), bool)
+        engine_process = config_parameter("engine_process", params.get("engine_process", "true"), bool)
         return LLMInstance(self.engine_config(group, index), self.config.name,
                            {output.name for output in self.config.output}, engine_process=engine_process,
                            instance_label=f"{group.name or self.config.name}_{index}",
@@ -150,8 +148,8 @@ class LLMModel(Model):
         """How a dead engine core is restarted (`engine_restart_limit`, `engine_restart_backoff`)."""
         params = {key: value.string_value for key, value in self.config.parameters.items()}
         default = RestartPolicy()
-        limit = _parameter("engine_restart_limit", params.get("engine_restart_limit", str(default.limit)), int)
-        backoff = _parameter("engine_restart_backoff", params.get("engine_restart_backoff", str(default.backoff)),
+        limit = config_parameter("engine_restart_limit", params.get("engine_restart_limit", str(default.limit)), int)
+        backoff = config_parameter("engine_restart_backoff", params.get("engine_restart_backoff", str(default.backoff)),
                              float)
         try:
             return RestartPolicy(limit=limit, backoff=backoff)
@@ -170,52 +168,13 @@ class LLMModel(Model):
         settings: dict[str, Any] = {"model": self._model_path(params["model"])}
         for name, kind in ENGINE_PARAMETERS.items():
             if name in params:
-                settings[name] = _parameter(name, params[name], kind)
+                settings[name] = config_parameter(name, params[name], kind)
         if "device" not in settings and group is not None and group.kind == mc.ModelInstanceGroup.KIND_GPU:
             settings["device"] = f"cuda:{group.gpus[index % len(group.gpus)] if group.gpus else 0}"
         return EngineConfig(**settings)
 
     def _model_path(self, model: str) -> Path:
         return model_path(model, self.version_dir)
-
-
-def model_path(model: str, version_dir: Path) -> Path:
-    """A config's `model` parameter as a path: a bundled model's, or one relative to the version."""
-    if model in BUNDLED:
-        return BUNDLED[model]()
-    path = Path(model)
-    return path if path.is_absolute() else version_dir / path
-
-
-#: Where an engine's ranks run is the deployment's to say more than the repository's (a KServe
-#: multi-node runtime knows the node count and the head's address, the model's config does not):
-#: auto-complete fills these parameters, when the config leaves them out, from the server's
-#: `--backend-config=llm,<name>=<value>` (Triton's backend settings).
-PLACEMENT_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend", "nnodes",
-                      "master_addr", "master_port")
-
-#: the config parameters that set EngineConfig fields, and how each is read
-ENGINE_PARAMETERS: dict[str, type] = {
-    "dtype": str, "device": str, "block_size": int, "kv_cache_memory": int, "kv_cache_fraction": float,
-    "max_num_seqs": int, "max_num_batched_tokens": int, "max_model_len": int, "enable_prefix_caching": bool,
-    "enforce_eager": bool, "quantization": str, "tensor_parallel_size": int, "pipeline_parallel_size": int,
-    "pipeline_micro_batches": int, "distributed_executor_backend": str, "nnodes": int, "master_addr": str,
-    "master_port": int,
-}
-
-
-def _parameter(name: str, text: str, kind: type) -> Any:
-    if kind is bool:
-        if text.lower() not in ("true", "false", "1", "0"):
-            raise InvalidArgument(f"parameter '{name}' must be true or false, got {text!r}")
-        return text.lower() in ("true", "1")
-    if kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            noun = "an integer" if kind is int else "a number"
-            raise InvalidArgument(f"parameter '{name}' must be {noun}, got {text!r}") from None
-    return text
 
 
 @dataclass(slots=True)
@@ -242,76 +201,6 @@ class _Request:
     embedding: list[float] | None = None  # an embedding request's vector, once pooled
     prompt_extras: dict[str, Any] | None = None  # response parameters for the next response out
     scheduled_at: float = 0.0  # when the engine first batched it (the engine's clock is this one)
-
-
-#: vLLM's buckets for the same two histograms, in seconds
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-
-
-class LLMMetrics:
-    """One instance's LLM metrics: tokens in and out, time to first token and between tokens
-    (measured here, where the tokens reach the server), and the engine's KV use, prefix-cache
-    hit rate and preemptions (from its last step). Named like vLLM's (`vllm:prompt_tokens_total`
-    → `nv_llm_prompt_tokens`, ...) with Triton's prefix and the model, version and instance
-    labels; read at scrape time."""
-
-    def __init__(self, instance: str) -> None:
-        self.labels = (("instance", instance),)
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
-        self.engine: EngineStats | None = None
-        self.engine_restarts = 0  # set by the instance from its supervisor's count
-        self._lock = threading.Lock()
-
-    def add_prompt(self, tokens: int) -> None:
-        with self._lock:
-            self.prompt_tokens += tokens
-
-    def tokens_out(self, request: _Request, count: int, now: float) -> None:
-        """`count` new tokens of `request` arrived at `now`: its first ones, or the next ones."""
-        with self._lock:
-            self.generation_tokens += count
-            if request.last_token_at is None:
-                self.ttft.observe(now - request.arrival)
-                request.first_token_at = now
-            else:
-                self.itl.observe(now - request.last_token_at)
-        request.last_token_at = now
-
-    def rows(self) -> list[MetricRow]:
-        with self._lock:
-            rows = [
-                MetricRow("nv_llm_prompt_tokens", "counter", "Prompt tokens received", self.prompt_tokens,
-                          self.labels),
-                MetricRow("nv_llm_generation_tokens", "counter", "Tokens generated", self.generation_tokens,
-                          self.labels),
-                _histogram_row("nv_llm_time_to_first_token_seconds", "Time from arrival to the first token",
-                               self.ttft, self.labels),
-                _histogram_row("nv_llm_inter_token_latency_seconds", "Time between a request's successive tokens",
-                               self.itl, self.labels),
-                MetricRow("nv_llm_engine_restarts", "counter", "Engine cores started again after one died",
-                          self.engine_restarts, self.labels),
-            ]
-        engine = self.engine
-        if engine is not None:
-            queries = engine.prefix_cache_queries
-            rows += [
-                MetricRow("nv_llm_kv_cache_usage", "gauge", "Fraction of KV-cache blocks in use [0.0 - 1.0]",
-                          engine.num_used_blocks / max(engine.num_blocks, 1), self.labels),
-                MetricRow("nv_llm_prefix_cache_hit_rate", "gauge",
-                          "Fraction of prompt tokens found in the prefix cache, since the start [0.0 - 1.0]",
-                          engine.prefix_cache_hits / queries if queries else 0.0, self.labels),
-                MetricRow("nv_llm_preemptions", "counter", "Sequences preempted for KV-cache room",
-                          engine.num_preemptions, self.labels),
-            ]
-        return rows
-
-
-def _histogram_row(name: str, doc: str, histogram: Histogram, labels: tuple[tuple[str, str], ...]) -> MetricRow:
-    return MetricRow(name, "histogram", doc, histogram.sum, labels, tuple(histogram.cumulative()))
 
 
 class LLMInstance(ModelInstance):
