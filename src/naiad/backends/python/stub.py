@@ -46,6 +46,7 @@ _NUMPY_TYPES = {name: np.dtype(pb_utils.triton_string_to_numpy("TYPE_" + name)) 
 _NUMPY_TYPES["BF16"] = np.dtype(np.uint16)  # numpy has no bfloat16: the raw bits
 _TYPE_CODES = {"BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7, "INT32": 8,
                "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14}
+_TYPE_NAMES = {code: name for name, code in _TYPE_CODES.items()}  # TRITONSERVER_DataType -> KServe name
 
 _STATUS_BY_CODE = {
     pb_utils.TritonError.UNKNOWN: "UNKNOWN",
@@ -413,15 +414,14 @@ class Stub:
             return p.deserialize_bytes(block, shape)  # copies out: the block goes back at once
         return self.segments.array(ref.segment, ref.offset, ref.nbytes, _NUMPY_TYPES[ref.datatype], shape)
 
-    def _write(self, name: str, array: np.ndarray) -> p.TensorRef:
-        array = np.asarray(array)
-        if array.dtype.kind in "OSU":
+    def _write(self, tensor: Tensor) -> p.TensorRef:
+        """A tensor into the arena, for the server; its datatype is the one its Tensor() found."""
+        array, datatype = tensor.as_numpy(), _TYPE_NAMES[tensor.triton_dtype()]
+        if datatype == "BYTES":
             segment, offset, nbytes = self.arena.write_bytes(p.serialize_bytes(array))
-            datatype = "BYTES"
         else:
             segment, offset, nbytes = self.arena.write(array)
-            datatype = _datatype(array.dtype)
-        return p.TensorRef(name, datatype, list(array.shape), segment, offset, nbytes)
+        return p.TensorRef(tensor.name(), datatype, list(array.shape), segment, offset, nbytes)
 
     def _from_response(self, batch: int, index: int, response: Any, final: bool) -> p.Response:
         if response is None:
@@ -430,7 +430,7 @@ class Stub:
             error = response.error()
             return p.Response(batch, index, [], error.message(), _STATUS_BY_CODE.get(error.code(), "INTERNAL"),
                               final=final)
-        outputs = [self._write(tensor.name(), tensor.as_numpy()) for tensor in response.output_tensors()]
+        outputs = [self._write(tensor) for tensor in response.output_tensors()]
         parameters = response.parameters()
         return p.Response(batch, index, outputs, parameters=parameters or "{}", final=final)
 
@@ -459,7 +459,7 @@ class Stub:
 
     def _bls_call(self, request: Any, decoupled: bool) -> tuple[int, p.BlsCall]:
         call = next(self._call_ids)
-        inputs = [self._write(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()]
+        inputs = [self._write(tensor) for tensor in request.inputs()]
         parameters = request.parameters()
         message = p.BlsCall(
             call, request.model_name(), int(request.model_version()),
@@ -552,26 +552,6 @@ class Stub:
 
     def _announce(self, segment: int, fd: int, size: int) -> None:
         self.channel.send(p.Segment(segment, size), fds=(fd,))
-
-
-def _datatype(dtype: np.dtype[Any]) -> str:
-    text = _DATATYPES.get(dtype)  # every output asks: the lookup below costs ~2 µs
-    if text is None:
-        name = pb_utils.numpy_to_triton_type(dtype.type)
-        if name is None:
-            raise pb_utils.TritonModelException(f"unsupported numpy dtype {dtype} in an output tensor")
-        text = (str(name) if not isinstance(name, int) else _TYPE_NAMES[name]).removeprefix("TYPE_")
-        _DATATYPES[dtype] = text
-    return text
-
-
-#: the KServe datatype of each numpy dtype an output had so far (a handful)
-_DATATYPES: dict[np.dtype[Any], str] = {}
-
-
-# pb_utils.numpy_to_triton_type answers TRITONSERVER_DataType enum values (ints), as upstream
-_TYPE_NAMES = {1: "BOOL", 2: "UINT8", 3: "UINT16", 4: "UINT32", 5: "UINT64", 6: "INT8", 7: "INT16", 8: "INT32",
-               9: "INT64", 10: "FP16", 11: "FP32", 12: "FP64", 13: "BYTES", 14: "BF16"}
 
 
 def _auto_complete(stub: Stub, message: p.AutoComplete) -> p.AutoCompleted:

@@ -27,13 +27,12 @@ import numpy as np
 from naiad.core.server import InferenceServer
 from naiad.errors import InternalError, InvalidArgument, NaiadError, Unsupported
 from naiad.frontends.http.codec import encode_error
-from naiad.frontends.http.reply import HTTP_STATUS, Headers, Reply, StreamReply
+from naiad.frontends.http.reply import HTTP_STATUS, SSE_CONTENT_TYPE, Headers, Reply, StreamReply
 from naiad.frontends.http.routes import Route
 from naiad.frontends.http.tracing import carry_trace
 from naiad.frontends.tensors import bf16_to_float32, float_to_bf16_bits
 from naiad.types import DataType, InferRequest, InferResponse, Tensor, TensorSpec
 
-SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
                     "generates various number of responses")
 

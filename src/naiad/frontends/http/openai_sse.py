@@ -17,13 +17,12 @@ from naiad.errors import InternalError, NaiadError
 from naiad.frontends.http.openai_answers import Body, Choice, error_body, response_piece
 from naiad.frontends.http.openai_tools import CallWatch, HeldText
 from naiad.frontends.http.reasoning import ReasoningSplitter
-from naiad.frontends.http.reply import Reply, StreamReply
+from naiad.frontends.http.reply import SSE_CONTENT_TYPE, Reply, StreamReply
 from naiad.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
     from naiad.frontends.http.openai import _Call
 
-SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 DONE = b"data: [DONE]\n\n"
 
 _encoder = msgspec.json.Encoder()

@@ -48,6 +48,10 @@ class Chunks(Protocol):
     async def aclose(self) -> None: ...
 
 
+#: server-sent events (the generate extension's and the OpenAI routes' streams)
+SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
+
+
 class StreamReply(Reply):
     """A reply whose body is written as it is produced (chunked transfer encoding); the status
     and headers go out before the first chunk."""

@@ -6,8 +6,9 @@ of strings: the output is one of them) and "grammar" (Lark, llguidance's dialect
 EBNF with `root ::= ...` rules, as llama.cpp and vLLM's xgrammar take them).
 The engine compiles it when the request is added (a bad one is that request's 400; the engine
 core compiles a guide it has not seen on a thread, so that a large schema does not stall every
-other stream) into a `GrammarState` that its sequence keeps: every token the sequence appends advances it, and the
-sequence stops when the grammar is complete (docs/llm.md, "Structured outputs").
+other stream) into a `GrammarState` that its sequence keeps: every token the sequence appends
+advances it, and the sequence stops when the grammar is complete (docs/llm.md, "Structured
+outputs").
 
 The grammar engine is llguidance (chosen by measuring, docs/llm.md): no dependencies, a new JSON
 schema compiles in 1-2 ms, and a mask over a 49k vocabulary takes ~12 µs. Each step, the runner
