@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -96,3 +98,28 @@ def test_a_failing_build_means_the_reference(fresh_library, monkeypatch: pytest.
 def test_kernels_can_be_turned_off(fresh_library, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NAIAD_LLM_KERNELS", "0")
     assert kernels.library() is None
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's memory map (Linux)")
+def test_the_kernels_share_torchs_openmp_runtime() -> None:
+    """The kernels' jobs run on torch's OpenMP threads (thread_pool.c): one runtime in the
+    process, not a second pool of threads fighting torch's for the cores."""
+    assert kernels.library() is not None, "gcc could not build the kernels on this machine"
+    torch.ones(1 << 16).sum()  # torch's runtime is loaded and its team started
+    runtimes = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libgomp" in line}
+    assert len(runtimes) <= 1, runtimes
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_attention_is_the_same_on_any_thread_count(threads: int) -> None:
+    assert kernels.library() is not None, "gcc could not build the kernel on this machine"
+    q, cache, meta = _case(torch.float32, 8, 2, [1, 15, 16, 17, 100, 200, 33])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.paged_decode_attention(q, *cache, meta.decode_block_tables, meta.decode_context_lens, 0.125)
+        torch.set_num_threads(threads)
+        many = kernels.paged_decode_attention(q, *cache, meta.decode_block_tables, meta.decode_context_lens, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(many, one)  # each row computed whole by one thread

@@ -198,13 +198,13 @@ def _run_on(library: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> list[torch
 
 
 def _build(tmp_path: Path, name: str, *flags: str) -> ctypes.CDLL:
-    """q8_linear.c built alone with `flags` (x86-64 with gcc only)."""
+    """q8_linear.c (with the thread pool it runs on) built with `flags` (x86-64 with gcc only)."""
     if platform.machine() != "x86_64" or shutil.which("gcc") is None:
         pytest.skip("these builds are x86-64 with gcc")
-    source = Path(kernels.__file__).parent / "q8_linear.c"
+    folder = Path(kernels.__file__).parent
     target = tmp_path / f"{name}.so"
-    subprocess.run(["gcc", "-O3", *flags, "-ffast-math", "-pthread", "-shared", "-fPIC", str(source), "-o",
-                    str(target), "-lm"], check=True)
+    subprocess.run(["gcc", "-O3", *flags, "-ffast-math", "-fopenmp", "-shared", "-fPIC", str(folder / "q8_linear.c"),
+                    str(folder / "thread_pool.c"), "-o", str(target), "-lm"], check=True)
     library = ctypes.CDLL(str(target))
     library.q8_linear.argtypes = kernels.library().q8_linear.argtypes
     return library

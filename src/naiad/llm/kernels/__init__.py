@@ -31,8 +31,8 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "paged_attention.c", HERE / "fused_ops.c", HERE / "q8_linear.c"]
-HEADERS = [HERE / "common.h"]
+SOURCES = [HERE / "paged_attention.c", HERE / "fused_ops.c", HERE / "q8_linear.c", HERE / "thread_pool.c"]
+HEADERS = [HERE / "common.h", HERE / "thread_pool.h"]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -67,11 +67,16 @@ def _build() -> Path | None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.tmp")
-    command = [compiler, "-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC",
-               *map(str, SOURCES), "-o", str(partial), "-lm"]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        log.warning("building the CPU attention kernel failed (%s): using the torch reference\n%s",
+    base = [compiler, "-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC"]
+    # OpenMP: the kernels' jobs run on torch's own OpenMP threads (thread_pool.c); a compiler
+    # without it builds them to run on one thread.
+    for command in ([*base, "-fopenmp", *map(str, SOURCES), "-o", str(partial), "-lm"],
+                    [*base, *map(str, SOURCES), "-o", str(partial), "-lm"]):
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode == 0:
+            break
+    else:
+        log.warning("building the CPU kernels failed (%s): using the torch reference\n%s",
                     " ".join(command), result.stderr[-2000:])
         partial.unlink(missing_ok=True)
         return None

@@ -16,15 +16,15 @@
  *
  * Built by naiad/llm/kernels/__init__.py with `gcc -O3 -march=native -ffast-math -pthread` and
  * called through ctypes (which lets go of the GIL); see there for why a plain C library rather
- * than a torch extension. Its own threads rather than OpenMP: a second OpenMP runtime beside
- * torch's would fight it for the cores.
+ * than a torch extension. The kernels' own pool of threads (thread_pool.c) rather than OpenMP: a
+ * second OpenMP runtime beside torch's would fight it for the cores.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
+#include "thread_pool.h"
 
 /* dot(q, k) with k in storage type `dtype`; written per type so that gcc vectorises each loop. */
 static inline float dot(int dtype, const float *q, const void *k, int64_t d) {
@@ -145,21 +145,13 @@ int paged_decode_attention(int dtype, const void *q, const void *k_cache, const 
     if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
     if (num_threads < 1) num_threads = 1;
     job_t jobs[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int64_t t = 0; t < num_threads; t++) {
+    for (int64_t t = 0; t < num_threads; t++)
         jobs[t] = (job_t){dtype, q, k_cache, v_cache, block_tables, context_lens, out, heads, kv_heads, head_dim,
                           block_size, max_blocks, window, scale, rows * t / num_threads,
                           rows * (t + 1) / num_threads, 0};
-        if (t > 0) started[t] = pthread_create(&threads[t], NULL, decode_rows, &jobs[t]) == 0;
-    }
-    for (int64_t t = 1; t < num_threads; t++)
-        if (!started[t]) decode_rows(&jobs[t]); /* no thread to be had: do its rows here */
-    decode_rows(&jobs[0]);
-    int status = jobs[0].status;
-    for (int64_t t = 1; t < num_threads; t++) {
-        if (started[t]) pthread_join(threads[t], NULL);
+    pool_run(decode_rows, jobs, sizeof jobs[0], (int)num_threads);
+    int status = 0;
+    for (int64_t t = 0; t < num_threads; t++)
         if (jobs[t].status != 0) status = jobs[t].status;
-    }
     return status;
 }

@@ -33,14 +33,14 @@
  *
  * Without AVX512-VNNI (checked at run time, or turned off by the caller), a portable C loop
  * computes the same integer sums. Output panels are split over the caller's thread count, run
- * by a pool of threads that outlives the call (`pool_run`): a decode step makes some fifty of
- * these calls of 20-100 us each, and starting and joining a thread per call cost about as much.
+ * by the kernels' shared pool of threads (thread_pool.c): a decode step makes some hundred of
+ * these calls of 10-100 us each, and starting or waking a thread per call costs about as much.
  * Each output is computed by one thread in a fixed order: the thread count changes nothing.
  */
 #include "common.h"
+#include "thread_pool.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -202,81 +202,6 @@ static void panel_vnni(const q8_job_t *job, int64_t p, int64_t r0, int64_t nr) {
     }
 }
 #endif
-
-/* ---- the thread pool: workers 1..n-1 run jobs[1..n-1] while the caller runs jobs[0] ---- */
-
-typedef void *(*job_fn)(void *);
-
-static struct {
-    pthread_mutex_t lock; /* held by the caller that owns the pool for one call */
-    pthread_mutex_t m;
-    pthread_cond_t wake, done;
-    pthread_t threads[MAX_THREADS];
-    int started;   /* workers running */
-    long generation; /* bumped for every call the workers take part in */
-    int active;    /* workers 1..active take part in this generation */
-    int pending;   /* of those, still running */
-    job_fn fn;
-    char *jobs;
-    size_t job_size;
-    pid_t pid; /* the process that started the workers: a forked child has none */
-} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .m = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
-          .done = PTHREAD_COND_INITIALIZER};
-
-static void *pool_worker(void *arg) {
-    const int index = (int)(intptr_t)arg;
-    long seen = 0;
-    pthread_mutex_lock(&pool.m);
-    for (;;) {
-        while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.m);
-        seen = pool.generation;
-        if (index > pool.active) continue; /* not needed this time */
-        job_fn fn = pool.fn;
-        void *job = pool.jobs + (size_t)index * pool.job_size;
-        pthread_mutex_unlock(&pool.m);
-        fn(job);
-        pthread_mutex_lock(&pool.m);
-        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
-    }
-    return NULL;
-}
-
-/* Run fn(jobs[t]) for t < n, jobs[0] on this thread. Falls back to running every job here when
- * another call holds the pool or no worker can be started. */
-static void pool_run(job_fn fn, void *jobs, size_t job_size, int n) {
-    char *base = (char *)jobs;
-    if (n <= 1 || pthread_mutex_trylock(&pool.lock) != 0) {
-        for (int t = 0; t < n; t++) fn(base + (size_t)t * job_size);
-        return;
-    }
-    if (pool.pid != getpid()) { /* first use, or a forked child: its parent's workers are not here */
-        pool.started = 0;
-        pool.generation = 0;
-        pool.pid = getpid();
-        pthread_mutex_init(&pool.m, NULL);
-        pthread_cond_init(&pool.wake, NULL);
-        pthread_cond_init(&pool.done, NULL);
-    }
-    while (pool.started < n - 1) {
-        if (pthread_create(&pool.threads[pool.started], NULL, pool_worker, (void *)(intptr_t)(pool.started + 1)))
-            break;
-        pthread_detach(pool.threads[pool.started]);
-        pool.started++;
-    }
-    const int helpers = pool.started < n - 1 ? pool.started : n - 1;
-    pthread_mutex_lock(&pool.m);
-    pool.fn = fn, pool.jobs = base, pool.job_size = job_size;
-    pool.active = helpers, pool.pending = helpers;
-    pool.generation++;
-    pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.m);
-    fn(base);
-    for (int t = helpers + 1; t < n; t++) fn(base + (size_t)t * job_size); /* no worker for these */
-    pthread_mutex_lock(&pool.m);
-    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.m);
-    pthread_mutex_unlock(&pool.m);
-    pthread_mutex_unlock(&pool.lock);
-}
 
 static void *q8_panels(void *arg) {
     const q8_job_t *job = (const q8_job_t *)arg;
