@@ -1,7 +1,7 @@
 """The bare engine's decode step on any device: how fast can naiad's LLM engine go, server aside.
 
     python bench/llm_engine_step.py [--device cuda] [--dtypes bf16 fp32] [--quantization none int8]
-                                    [--tensor-parallel 1 2] [--streams 1 16 64 256]
+                                    [--tensor-parallel 1 2] [--streams 1 16 64 256] [--model smollm2]
 
 Builds the ~123M random-weight Llama of the LLM benchmark (hidden 768, 12 layers, FFN 2048,
 vocab 49152, tied embeddings) with transformers into a temporary folder, needing no tokenizer
@@ -14,7 +14,9 @@ at load (naiad.llm.layers.quantization). `--tensor-parallel 2` splits the model 
 (`weights_mib` is then one rank's share). Each row's `vs_first` is its tokens/s as a ratio to
 the first configuration's at the same stream count, measured in the same run (this machine is
 noisy: compare within a run, not across runs). `make bench` runs the CPU matrix: fp32 and bf16,
-without and with INT8, on one process and on two.
+without and with INT8, on one process and on two. `--model smollm2` runs the bundled
+SmolLM2-135M's Q4_1 GGUF file instead (30 layers; `--quantization gguf` keeps its blocks, `auto`
+dtype is then float32 around them), the model `make serve` chats with.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 from naiad.llm.engine.sampling_params import GREEDY
 from naiad.llm.layers.quantization import weight_bytes
+from naiad.llm.loading.gguf import smollm2_path
 
 PROMPT_TOKENS = 128
 VOCAB = 49152
@@ -75,7 +78,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtypes", nargs="+", default=["bf16"])
-    parser.add_argument("--quantization", nargs="+", default=["none"], choices=["none", "int8"])
+    parser.add_argument("--quantization", nargs="+", default=["none"], choices=["none", "int8", "gguf", "auto"])
+    parser.add_argument("--model", choices=["random123m", "smollm2"], default="random123m")
     parser.add_argument("--tensor-parallel", nargs="+", type=int, default=[1])
     parser.add_argument("--streams", nargs="+", type=int, default=[1, 16, 64])
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps per point")
@@ -86,7 +90,7 @@ def main(argv: list[str]) -> int:
     rows = []
     first: dict[int, float] = {}  # streams -> the first configuration's tokens/s
     with tempfile.TemporaryDirectory() as folder:
-        model = build_model(Path(folder) / "llama-123m")
+        model = build_model(Path(folder) / "llama-123m") if args.model == "random123m" else smollm2_path()
         for dtype, quantization, tp, eager in itertools.product(args.dtypes, args.quantization,
                                                                 args.tensor_parallel, modes):
             # 4 GiB: 256 fp32 sequences of 128 + ~40 tokens fit without preemption (2 GiB did not).
@@ -99,7 +103,10 @@ def main(argv: list[str]) -> int:
                 for streams in args.streams:
                     point = measure(engine, streams, args.steps, rng)
                     base = first.setdefault(streams, point["tokens_per_s"])
-                    row = {"device": args.device, "dtype": dtype, "quantization": quantization, "tensor_parallel": tp,
+                    # what ran: "auto" as resolved for this model and machine
+                    row = {"model": args.model, "device": args.device, "dtype": dtype,
+                           "quantization": engine.runner.quantization,
+                           "tensor_parallel": tp,
                            "weights_mib": weights, "cuda_graphs": engine.runner.graphs is not None, **point,
                            "vs_first": round(point["tokens_per_s"] / base, 2)}
                     print(json.dumps(row), flush=True)

@@ -14,11 +14,12 @@ import torch
 
 from llm.test_quantization_smollm2 import Batch
 from llm.tiny_models import TINY, hf_model, tokens
+from naiad.llm import kernels
 from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 from naiad.llm.engine.sampling_params import SamplingParams
 from naiad.llm.layers.quantization import Q8BlockLinear, weight_bytes
 from naiad.llm.loading.gguf import open_gguf
-from naiad.llm.loading.loader import load_model, read_args
+from naiad.llm.loading.loader import load_model, read_args, resolve_quantization
 
 _LAYER_PARTS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -139,3 +140,18 @@ def test_a_file_is_parsed_once_per_process_and_version(gguf_file: Path) -> None:
     stat = gguf_file.stat()
     os.utime(gguf_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
     assert open_gguf(gguf_file) is not first
+
+
+@pytest.mark.parametrize("vnni", [True, False])
+def test_auto_keeps_a_gguf_files_blocks_only_where_their_kernel_is_fast(
+    gguf_file: Path, tiny_models: dict[str, Path], vnni: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kernels, "has_vnni", lambda: vnni)
+    assert resolve_quantization("auto", gguf_file) == ("gguf" if vnni else "none")
+    assert resolve_quantization("auto", tiny_models["llama"]) == "none"  # a HF directory has no blocks to keep
+    assert resolve_quantization("auto", gguf_file, "cuda") == "none"  # CUDA dequantizes them anyway
+    assert resolve_quantization("int8", gguf_file) == "int8"  # a method by name is taken as it is
+    engine = _engine(gguf_file, "auto")
+    assert engine.runner.quantization == ("gguf" if vnni else "none")
+    kept = isinstance(engine.runner.model.model.layers[0].mlp.down_proj, Q8BlockLinear)
+    assert kept == vnni

@@ -57,7 +57,7 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # on CUDA: no CUDA graphs for decode steps
-    quantization: str = "none"  # "int8" or "gguf" (naiad.llm.layers.quantization)
+    quantization: str = "none"  # "int8", "gguf" or "auto" (naiad.llm.layers.quantization, loader.resolve_quantization)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     pipeline_micro_batches: int | None = None

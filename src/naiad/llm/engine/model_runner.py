@@ -37,7 +37,7 @@ from naiad.llm.layers.calibration import calibration_tokens, input_rms, outlier_
 from naiad.llm.layers.cpu_linear import can_prepack, prepack_linears
 from naiad.llm.layers.quantization import quantize_linears, weight_bytes
 from naiad.llm.layers.sampler import SamplingBatch, logprobs, sample
-from naiad.llm.loading.loader import load_model
+from naiad.llm.loading.loader import load_model, resolve_quantization
 
 #: What `execute` returns for rows that sample nothing (prefill chunks with more to come).
 NO_TOKEN = -1
@@ -57,7 +57,8 @@ class RunnerConfig:
     #: on CUDA, replay decode steps of up to `max_num_seqs` rows from CUDA graphs unless this is set
     enforce_eager: bool = False
     max_num_seqs: int = 256
-    #: "int8": INT8 linears quantized at load; "gguf": a GGUF file's Q8_0 / Q4 blocks kept (quantization.py)
+    #: "int8": INT8 linears quantized at load; "gguf": a GGUF file's Q8_0 / Q4 blocks kept (quantization.py);
+    #: "auto": "gguf" for a GGUF file where its kernel is fast, else "none" (loader.resolve_quantization)
     quantization: str = "none"
     #: under pipeline parallelism, at most this many micro-batches a step (None: one per stage;
     #: 1 turns micro-batching off, to measure what it brings)
@@ -130,17 +131,19 @@ class ModelRunner:
         self.send_step = send_step  # rank 0 of a tensor-parallel group: sends each step to the workers
         self.tables = TableSender() if send_step is not None else None  # block tables as changes
         self.device = torch.device(config.device)
-        self.model = load_model(config.model, config.dtype, self.device, tp, config.quantization)
+        #: the method in use: `config.quantization`, or what "auto" chose for this model and machine
+        self.quantization = quantization = resolve_quantization(config.quantization, config.model, self.device, tp)
+        self.model = load_model(config.model, config.dtype, self.device, tp, quantization)
         self.args = self.model.args
         self.dtype = self.model.dtype
         self.block_size = config.block_size
-        if config.quantization != "none":
+        if quantization != "none":
             columns = None
-            if config.quantization == "int8":
+            if quantization == "int8":
                 # gloo exchanges CPU tensors, NCCL device ones
                 device = self.device if self.device.type == "cuda" else torch.device("cpu")
                 columns = outlier_columns(self._calibrate(), tp, self.model.row_parallel, device)
-            quantize_linears(self.model, config.quantization, columns)
+            quantize_linears(self.model, quantization, columns)
         elif can_prepack(self.dtype, self.device):
             prepack_linears(self.model)
         self.kv_cache_memory = kv_cache_budget(config, self.device)

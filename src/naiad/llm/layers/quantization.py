@@ -31,7 +31,7 @@ from naiad.llm import kernels
 
 #: "none", "int8" (INT8 blocks quantized at load), "gguf" (a GGUF file's Q8_0 / Q4 blocks kept
 #: as they are, see loader.py: only the loader can do that, here it changes nothing).
-METHODS = ("none", "int8", "gguf")
+METHODS = ("none", "int8", "gguf", "auto")  # "auto": loader.resolve_quantization picks "gguf" or "none"
 #: Without VNNI, up to this many rows per call the C kernel runs; above, torch multiplies.
 KERNEL_MAX_ROWS = 16
 PANEL, BLOCK = 16, 32  # q8_linear.c's output channels per panel and inputs per block
