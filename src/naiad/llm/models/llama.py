@@ -32,6 +32,7 @@ from torch import nn
 from naiad.llm import kernels
 from naiad.llm.distributed.parallel import TensorParallel
 from naiad.llm.layers.attention import AttentionMetadata, KVCache, paged_attention
+from naiad.llm.models.fused_decode import FusedDecode
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -305,6 +306,9 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(args, tp) for _ in self.layer_range)
         self.norm: RMSNorm | None = RMSNorm(args.hidden_size, args.rms_norm_eps) if stage.last else None
         self.rotary = RotaryEmbedding(args)
+        #: decode steps' layers as one C call (fused_decode.py), set by the runner once the
+        #: weights are loaded and quantized; None: layer by layer
+        self.fused_decode: FusedDecode | None = None
 
     def forward(
         self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]
@@ -328,6 +332,8 @@ class LlamaModel(nn.Module):
         """This stage's layers over `x + residual` (`x` alone on the first stage); returns the pair
         the next stage (or the final norm) takes."""
         rope = self.rotary(positions, x.dtype)
+        if self.fused_decode is not None and self.fused_decode.applies(x, meta):
+            return self.fused_decode.run(x, residual, rope, meta, kv_caches)
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, rope, meta, cache)
         assert residual is not None, "a model without layers"

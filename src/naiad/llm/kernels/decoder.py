@@ -1,0 +1,123 @@
+"""`decode_layers` (decoder.c): a decode step's decoder layers in one C call, from Python.
+
+The structures mirror decoder.c's; `Q8Layer`, `DecoderLayer` and `DecodeShape` are filled once
+per model (weights' addresses do not move once loaded) by naiad.llm.models.fused_decode, which
+decides when a step may take this path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+
+from naiad.llm.kernels import _DTYPES, _check, _lib
+
+
+class Q8Layer(ctypes.Structure):
+    """One 8-bit linear layer as q8_linear takes it."""
+
+    _fields_ = [
+        ("packed", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("columns", ctypes.c_void_p),
+        ("column_weights", ctypes.c_void_p),
+        ("ncols", ctypes.c_int64),
+        ("in_features", ctypes.c_int64),
+        ("in_pad", ctypes.c_int64),
+        ("out_features", ctypes.c_int64),
+        ("scale_kind", ctypes.c_int64),
+    ]
+
+
+class DecoderLayer(ctypes.Structure):
+    """One decoder layer: its norms' weights, this layer's KV cache and its four linears."""
+
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+        ("qkv", Q8Layer),
+        ("o", Q8Layer),
+        ("gate_up", Q8Layer),
+        ("down", Q8Layer),
+    ]
+
+
+class DecodeShape(ctypes.Structure):
+    _fields_ = [
+        ("rows", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("inter", ctypes.c_int64),
+        ("block_size", ctypes.c_int64),
+        ("max_blocks", ctypes.c_int64),
+        ("window", ctypes.c_int64),
+        ("threads", ctypes.c_int64),
+        ("scale", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("dtype", ctypes.c_int),
+        ("vnni", ctypes.c_int),
+    ]
+
+
+def q8_layer(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    scale_kind: int,
+    bias: torch.Tensor | None,
+    in_features: int,
+    out_features: int,
+    columns: torch.Tensor | None,
+    column_weights: torch.Tensor | None,
+) -> Q8Layer:
+    """A linear's q8_linear arguments (the same checks as kernels.q8_linear's)."""
+    ncols = 0 if columns is None else columns.numel()
+    if scales.dtype != torch.float16 or (ncols and (column_weights is None or column_weights.dtype != torch.float16)):
+        raise ValueError("q8_linear's scales and column weights are float16")
+    if bias is not None and bias.dtype != torch.float32:
+        raise ValueError("q8_linear's bias is float32")
+    for tensor in (packed, scales, bias, columns, column_weights):
+        if tensor is not None and not tensor.is_contiguous():
+            raise ValueError("q8_linear's weights must be contiguous")
+    return Q8Layer(
+        packed.data_ptr(), scales.data_ptr(), None if bias is None else bias.data_ptr(),
+        columns.data_ptr() if ncols and columns is not None else None,
+        column_weights.data_ptr() if ncols and column_weights is not None else None,
+        ncols, in_features, packed.shape[1] * 4, out_features, scale_kind,
+    )
+
+
+def decode_layers(
+    shape: DecodeShape,
+    layers: ctypes.Array[DecoderLayer],
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer of `layers` over `x + residual` (`x` alone when `residual` is None), one token
+    per row; returns (the last MLP's output, the residual stream before it), as the layers one by
+    one would. `shape.rows` and `shape.max_blocks` are set here; cos / sin `[rows, head_dim]`."""
+    rows = x.shape[0]
+    out = x.clone(memory_format=torch.contiguous_format)  # written in place by the layers
+    stream = torch.empty_like(out) if residual is None else residual.clone(memory_format=torch.contiguous_format)
+    tables = block_tables.to(torch.int64).contiguous()
+    lens = context_lens.to(torch.int64).contiguous()
+    slot_ids = slots.to(torch.int64).contiguous()
+    cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
+    shape.rows, shape.max_blocks = rows, tables.shape[1] if tables.dim() == 2 else 0
+    shape.threads, shape.dtype = torch.get_num_threads(), _DTYPES[x.dtype]
+    shape.vnni = int(os.environ.get("NAIAD_LLM_VNNI", "1") != "0")
+    _check(_lib().decode_layers(ctypes.byref(shape), layers, len(layers), out.data_ptr(), stream.data_ptr(),
+                                int(residual is None), cos.data_ptr(), sin.data_ptr(), slot_ids.data_ptr(),
+                                tables.data_ptr(), lens.data_ptr()), "decode_layers")
+    return out, stream

@@ -1,0 +1,109 @@
+"""A decode step's decoder layers as one C call (kernels/decoder.c), where the model allows it.
+
+SmolLM2's 30 narrow layers spent about as long in Python (a dozen module and ctypes calls a
+layer) as in the kernels at one stream. `decode_layers` runs the same kernels in the same order
+with no Python between them, so a step's logits are bit for bit the layer-by-layer forward's
+(tests/llm/test_fused_decode.py).
+
+It applies to a model on the CPU whose linears are all 8-bit (`quantization` "int8", "gguf", or
+"auto" where that keeps a GGUF file's blocks) on one tensor-parallel rank, without per-head q/k
+norms (Qwen3), and to steps whose rows are all decode rows (prefill chunks keep the layer-by-layer
+forward). `NAIAD_LLM_FUSED_DECODE=0` turns it off, to compare.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, cast
+
+import torch
+from torch import nn
+
+from naiad.llm import kernels
+from naiad.llm.kernels import decoder
+from naiad.llm.layers.attention import AttentionMetadata, KVCache
+from naiad.llm.layers.quantization import KERNEL_MAX_ROWS, _PackedLinear
+
+if TYPE_CHECKING:
+    from naiad.llm.models.llama import DecoderLayer, LlamaModel
+
+
+class FusedDecode:
+    """The ctypes view of a model's layers that `decoder.decode_layers` takes, built once."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        layers = _layers(model)
+        first = layers[0]
+        attention = first.self_attn
+        self.dtype = first.input_layernorm.weight.dtype
+        self.shape = decoder.DecodeShape(
+            hidden=first.input_layernorm.weight.numel(), heads=attention.num_heads,
+            kv_heads=attention.num_kv_heads, head_dim=attention.head_dim,
+            inter=first.mlp.gate_up_proj.out_features // 2, window=attention.sliding_window or 0,
+            scale=attention.scale, eps=first.input_layernorm.eps,
+        )
+        self.layers = (decoder.DecoderLayer * len(layers))()
+        for slot, layer in zip(self.layers, layers, strict=True):
+            slot.input_norm = layer.input_layernorm.weight.data_ptr()
+            slot.post_norm = layer.post_attention_layernorm.weight.data_ptr()
+            slot.qkv = _q8(layer.self_attn.qkv_proj)
+            slot.o = _q8(layer.self_attn.o_proj)
+            slot.gate_up = _q8(layer.mlp.gate_up_proj)
+            slot.down = _q8(layer.mlp.down_proj)
+        self._caches: tuple[int, ...] = ()
+
+    @staticmethod
+    def build(model: LlamaModel) -> FusedDecode | None:
+        """The fused path for `model`, or None where it does not apply (see the module's doc)."""
+        if os.environ.get("NAIAD_LLM_FUSED_DECODE", "1") == "0" or not len(model.layers) or model.tp.active:
+            return None
+        if kernels.library() is None:
+            return None
+        for layer in _layers(model):
+            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            if layer.self_attn.qk_norm or not all(isinstance(linear, _PackedLinear) for linear in linears):
+                return None
+            if not all(kernels.supports(norm) and norm.is_contiguous() for norm in norms):
+                return None
+        return FusedDecode(model)
+
+    def applies(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Whether this step can run fused: decode rows only, in the layers' dtype, and few enough
+        rows for the 8-bit kernel where the CPU lacks VNNI (as _PackedLinear decides per call)."""
+        rows = x.shape[0]
+        return (not meta.prefills and rows == len(meta.decode_tokens) and x.dtype == self.dtype
+                and x.device.type == "cpu" and (rows <= KERNEL_MAX_ROWS or kernels.has_vnni()))
+
+    def run(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layers over `x + residual`, as `LlamaModel.run_layers` returns them."""
+        caches = tuple(t.data_ptr() for cache in kv_caches for t in cache)
+        if caches != self._caches:
+            first = kv_caches[0][0]
+            self.shape.block_size = first.shape[1]
+            for slot, (keys, values) in zip(self.layers, kv_caches, strict=True):
+                if not (keys.is_contiguous() and values.is_contiguous() and keys.dtype == self.dtype):
+                    raise ValueError("the fused decode needs contiguous KV caches in the model's dtype")
+                slot.k_cache, slot.v_cache = keys.data_ptr(), values.data_ptr()
+            self._caches = caches
+        return decoder.decode_layers(self.shape, self.layers, x, residual, *rope, meta.slot_mapping,
+                                     meta.decode_block_tables, meta.decode_context_lens)
+
+
+def _layers(model: LlamaModel) -> list[DecoderLayer]:
+    return cast("list[DecoderLayer]", list(model.layers))  # a ModuleList's items are Modules to mypy
+
+
+def _q8(linear: nn.Module) -> decoder.Q8Layer:
+    assert isinstance(linear, _PackedLinear), "build() checked that every linear is 8-bit"
+    return decoder.q8_layer(linear.packed, linear.scales, linear.scale_kind, linear.bias, linear.in_features,
+                            linear.out_features, linear.columns, linear.column_weights)
+
+

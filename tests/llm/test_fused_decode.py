@@ -1,0 +1,88 @@
+"""A decode step's layers as one C call (models/fused_decode.py, kernels/decoder.c): the same
+logits, bit for bit, as the layer-by-layer forward, and only where it applies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+
+from llm.test_gguf_q8 import write_gguf
+from llm.test_quantization_smollm2 import Batch
+from llm.tiny_models import tokens
+from naiad.llm import kernels
+from naiad.llm.engine.model_runner import ModelRunner, RunnerConfig
+from naiad.llm.models.fused_decode import FusedDecode
+from naiad.llm.models.llama import LlamaForCausalLM
+
+needs_kernels = pytest.mark.skipif(kernels.library() is None, reason="gcc could not build the CPU kernels")
+
+
+def _model(path: Path, quantization: str) -> LlamaForCausalLM:
+    runner = ModelRunner(RunnerConfig(model=path, dtype="float32", kv_cache_memory=8 << 20,
+                                      quantization=quantization))
+    assert isinstance(runner.model, LlamaForCausalLM)
+    return runner.model
+
+
+@pytest.fixture(scope="module", params=["gguf-Q4_1", "gguf-Q8_0", "int8"])
+def model(request: pytest.FixtureRequest, tiny_models: dict[str, Path],
+          tmp_path_factory: pytest.TempPathFactory) -> LlamaForCausalLM:
+    if request.param == "int8":
+        return _model(tiny_models["llama"], "int8")
+    kind = gguf.GGMLQuantizationType[request.param.removeprefix("gguf-")]
+    return _model(write_gguf(tiny_models["llama"], tmp_path_factory.mktemp("gguf") / "tiny.gguf", kind), "gguf")
+
+
+def _decode(model: LlamaForCausalLM, fused: FusedDecode | None, rows: int) -> list[torch.Tensor]:
+    """Prompts of different lengths prefilled, then five decode steps; every step's logits."""
+    model.model.fused_decode = fused
+    batch = Batch(model, rows, 80)
+    prompts = [tokens(5 + 3 * i, seed=40 + i) for i in range(rows)]
+    batch.feed(prompts)  # a prefill: layer by layer whatever `fused` is
+    steps = []
+    nexts = [[prompt[-1]] for prompt in prompts]
+    for _ in range(5):
+        logits = batch.feed(nexts)
+        steps.append(torch.cat(logits))
+        nexts = [[int(row.argmax())] for row in logits]
+    return steps
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 20])
+def test_fused_steps_give_the_layer_by_layers_logits_bit_for_bit(model: LlamaForCausalLM, rows: int) -> None:
+    fused = model.model.fused_decode
+    assert fused is not None, "a quantized model on the CPU decodes fused"
+    try:
+        expected = _decode(model, None, rows)
+        got = _decode(model, fused, rows)
+    finally:
+        model.model.fused_decode = fused
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert torch.equal(a, b), f"step {step}: max difference {(a - b).abs().max()}"
+
+
+@needs_kernels
+def test_it_applies_only_to_decode_steps(model: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    fused = model.model.fused_decode
+    assert fused is not None
+    calls: list[int] = []
+    real = fused.run
+    monkeypatch.setattr(fused, "run", lambda x, *rest: calls.append(x.shape[0]) or real(x, *rest))
+    batch = Batch(model, 2, 64)
+    batch.feed([tokens(9, seed=1), tokens(4, seed=2)])  # prefill
+    batch.feed([[1], tokens(3, seed=3)])  # a decode row beside a prefill chunk
+    assert calls == []
+    batch.feed([[1], [2]])
+    assert calls == [2]
+
+
+def test_it_does_not_apply_to_an_unquantized_model_or_when_turned_off(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _model(tiny_models["llama"], "none").model.fused_decode is None  # torch's linears, layer by layer
+    monkeypatch.setenv("NAIAD_LLM_FUSED_DECODE", "0")
+    assert _model(tiny_models["llama"], "int8").model.fused_decode is None
