@@ -151,6 +151,8 @@ def test_auto_keeps_a_gguf_files_blocks_only_where_their_kernel_is_fast(
     assert resolve_quantization("auto", tiny_models["llama"]) == "none"  # a HF directory has no blocks to keep
     assert resolve_quantization("auto", gguf_file, "cuda") == "none"  # CUDA dequantizes them anyway
     assert resolve_quantization("int8", gguf_file) == "int8"  # a method by name is taken as it is
+    f16 = write_gguf(tiny_models["llama"], gguf_file.with_name(f"f16-{gguf_file.name}"), gguf.GGMLQuantizationType.F16)
+    assert resolve_quantization("auto", f16) == "none"  # nothing to keep: bf16 beats float32 around blocks
     engine = _engine(gguf_file, "auto")
     assert engine.runner.quantization == ("gguf" if vnni else "none")
     kept = isinstance(engine.runner.model.model.layers[0].mlp.down_proj, Q8BlockLinear)

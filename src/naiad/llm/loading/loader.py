@@ -70,7 +70,26 @@ def resolve_quantization(
         return quantization
     single = tp is None or not tp.active
     fast = torch.device(device).type == "cpu" and kernels.has_vnni()
-    return "gguf" if gguf.is_gguf(model) and single and fast else "none"
+    return "gguf" if single and fast and _all_linears_kept(model) else "none"
+
+
+#: The decoder layers' linear tensors in a GGUF file (blk.N.<part>.weight).
+_LINEAR_PARTS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"})
+
+
+def _all_linears_kept(model: str | Path) -> bool:
+    """Whether `model` is a GGUF file whose every layer linear is of a type "gguf" keeps (Q8_0,
+    Q4_0, Q4_1): K-quants and F16 would be dequantized around the kept blocks in float32, slower
+    than the whole file in bf16."""
+    if not gguf.is_gguf(model):
+        return False
+    kinds = [tensor.tensor_type for tensor in gguf.open_gguf(model).tensors if _is_layer_linear(tensor.name)]
+    return bool(kinds) and all(kind in gguf.KEPT_TYPES for kind in kinds)
+
+
+def _is_layer_linear(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) == 4 and parts[0] == "blk" and parts[2] in _LINEAR_PARTS and parts[3] == "weight"
 
 
 def load_model(
