@@ -221,7 +221,27 @@ def has_vnni() -> bool:
         return False
     if _vnni is None:
         _vnni = bool(lib.q8_has_vnni())
-    return _vnni and os.environ.get("NAIAD_LLM_VNNI", "1") != "0"
+    return _vnni and vnni_wanted()
+
+
+def vnni_wanted() -> bool:
+    """Whether `NAIAD_LLM_VNNI` lets q8_linear take its VNNI path (the C code checks the CPU)."""
+    return os.environ.get("NAIAD_LLM_VNNI", "1") != "0"
+
+
+def q8_columns(
+    packed: torch.Tensor, scales: torch.Tensor, columns: torch.Tensor | None, column_weights: torch.Tensor | None
+) -> tuple[int, int | None, int | None]:
+    """q8_linear's outlier columns as (count, columns' address, their weights' address), after
+    checking the float16 scales and the column weights' shape and type."""
+    ncols = 0 if columns is None else columns.numel()
+    if scales.dtype != torch.float16 or (column_weights is not None and column_weights.dtype != torch.float16):
+        raise ValueError("q8_linear's scales and column weights are float16")
+    if columns is None or not ncols:
+        return 0, None, None
+    if column_weights is None or column_weights.shape != (packed.shape[0], ncols, 16):
+        raise ValueError(f"{ncols} outlier columns need float16 weights [{packed.shape[0]}, {ncols}, 16]")
+    return ncols, columns.data_ptr(), column_weights.data_ptr()
 
 
 def q8_linear(
@@ -242,20 +262,12 @@ def q8_linear(
     x = x.contiguous()
     in_features = x.shape[-1]
     rows, in_pad = x.numel() // in_features, packed.shape[1] * 4
-    ncols = 0 if columns is None else columns.numel()
-    column_ptrs: tuple[int | None, int | None] = (None, None)
-    if columns is not None and ncols:
-        if column_weights is None or column_weights.shape != (packed.shape[0], ncols, 16):
-            raise ValueError(f"{ncols} outlier columns need float16 weights [{packed.shape[0]}, {ncols}, 16]")
-        column_ptrs = (columns.data_ptr(), column_weights.data_ptr())
-    if scales.dtype != torch.float16 or (column_weights is not None and column_weights.dtype != torch.float16):
-        raise ValueError("q8_linear's scales and column weights are float16")
+    ncols, columns_at, column_weights_at = q8_columns(packed, scales, columns, column_weights)
     out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
-    vnni = os.environ.get("NAIAD_LLM_VNNI", "1") != "0"
     status = _lib().q8_linear(_DTYPES[x.dtype], x.data_ptr(), packed.data_ptr(), scales.data_ptr(), scale_kind,
-                              None if bias is None else bias.data_ptr(),
-                              *column_ptrs, ncols, out.data_ptr(), rows, in_features, in_pad, out_features,
-                              torch.get_num_threads(), int(vnni))
+                              None if bias is None else bias.data_ptr(), columns_at, column_weights_at, ncols,
+                              out.data_ptr(), rows, in_features, in_pad, out_features, torch.get_num_threads(),
+                              int(vnni_wanted()))
     if status == -2:
         raise ValueError(f"packed weights of {in_pad} inputs do not fit {in_features} (a multiple of 32 at least), "
                          f"or bad outlier columns")

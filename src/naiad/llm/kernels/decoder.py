@@ -8,11 +8,10 @@ decides when a step may take this path.
 from __future__ import annotations
 
 import ctypes
-import os
 
 import torch
 
-from naiad.llm.kernels import _DTYPES, _check, _lib
+from naiad.llm.kernels import _DTYPES, _check, _lib, q8_columns, vnni_wanted
 
 
 class Q8Layer(ctypes.Structure):
@@ -76,21 +75,16 @@ def q8_layer(
     columns: torch.Tensor | None,
     column_weights: torch.Tensor | None,
 ) -> Q8Layer:
-    """A linear's q8_linear arguments (the same checks as kernels.q8_linear's)."""
-    ncols = 0 if columns is None else columns.numel()
-    if scales.dtype != torch.float16 or (ncols and (column_weights is None or column_weights.dtype != torch.float16)):
-        raise ValueError("q8_linear's scales and column weights are float16")
+    """A linear's q8_linear arguments, checked as kernels.q8_linear checks them; kept across calls,
+    so the tensors must also be contiguous and the bias float32 here."""
+    ncols, columns_at, column_weights_at = q8_columns(packed, scales, columns, column_weights)
     if bias is not None and bias.dtype != torch.float32:
         raise ValueError("q8_linear's bias is float32")
     for tensor in (packed, scales, bias, columns, column_weights):
         if tensor is not None and not tensor.is_contiguous():
             raise ValueError("q8_linear's weights must be contiguous")
-    return Q8Layer(
-        packed.data_ptr(), scales.data_ptr(), None if bias is None else bias.data_ptr(),
-        columns.data_ptr() if ncols and columns is not None else None,
-        column_weights.data_ptr() if ncols and column_weights is not None else None,
-        ncols, in_features, packed.shape[1] * 4, out_features, scale_kind,
-    )
+    return Q8Layer(packed.data_ptr(), scales.data_ptr(), None if bias is None else bias.data_ptr(), columns_at,
+                   column_weights_at, ncols, in_features, packed.shape[1] * 4, out_features, scale_kind)
 
 
 def decode_layers(
@@ -116,7 +110,7 @@ def decode_layers(
     cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
     shape.rows, shape.max_blocks = rows, tables.shape[1] if tables.dim() == 2 else 0
     shape.threads, shape.dtype = torch.get_num_threads(), _DTYPES[x.dtype]
-    shape.vnni = int(os.environ.get("NAIAD_LLM_VNNI", "1") != "0")
+    shape.vnni = int(vnni_wanted())
     _check(_lib().decode_layers(ctypes.byref(shape), layers, len(layers), out.data_ptr(), stream.data_ptr(),
                                 int(residual is None), cos.data_ptr(), sin.data_ptr(), slot_ids.data_ptr(),
                                 tables.data_ptr(), lens.data_ptr()), "decode_layers")
