@@ -112,10 +112,13 @@ def test_the_kernels_share_torchs_openmp_runtime() -> None:
     assert len(runtimes) <= 1, runtimes
 
 
-@pytest.mark.parametrize("threads", [2, 3])
-def test_attention_is_the_same_on_any_thread_count(threads: int) -> None:
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (9, 3)])
+@pytest.mark.parametrize("lens", [[1, 15, 16, 17, 100, 200, 33], [200], [17, 100]], ids=["7rows", "1row", "2rows"])
+def test_attention_is_the_same_on_any_thread_count(threads: int, heads: int, kv_heads: int, lens: list[int]) -> None:
+    """Split by rows, or by rows and heads when there are fewer rows than threads: the same bits."""
     assert kernels.library() is not None, "gcc could not build the kernel on this machine"
-    q, cache, meta = _case(torch.float32, 8, 2, [1, 15, 16, 17, 100, 200, 33])
+    q, cache, meta = _case(torch.float32, heads, kv_heads, lens)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -124,4 +127,6 @@ def test_attention_is_the_same_on_any_thread_count(threads: int) -> None:
         many = kernels.paged_decode_attention(q, *cache, meta.decode_block_tables, meta.decode_context_lens, 0.125)
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(many, one)  # each row computed whole by one thread
+    assert torch.equal(many, one)  # each (row, head) computed whole by one thread, the same way
+    expected = decode_reference(q, cache, meta, 0.125)
+    torch.testing.assert_close(many, expected, atol=1e-5, rtol=1e-5)

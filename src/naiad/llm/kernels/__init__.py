@@ -133,7 +133,8 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """`q` `[rows, heads, d]`, one query per row, over the paged cache; see paged_attention.c.
 
-    The rows are split over as many threads as torch uses.
+    The rows (and, with fewer rows than threads, their heads) are split over as many threads as
+    torch uses.
 
     Call only where `supports(q)`; the tensors are made contiguous (and int64) here.
     """
