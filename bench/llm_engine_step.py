@@ -8,7 +8,10 @@ vocab 49152, tied embeddings) with transformers into a temporary folder, needing
 (prompts are random token ids), so it also runs on a lent GPU machine with only torch and
 transformers. For each dtype (and, on CUDA, with and without CUDA graphs) and stream count it
 prefills 128-token prompts, then times decode steps: the median step and tokens/s. The serving
-benchmark against vLLM-CPU and llama.cpp is bench/llm.py. Each row also gives the memory the
+benchmark against vLLM-CPU and llama.cpp is bench/llm.py. One-stream rows on the CPU (one
+process) also give the weights' bandwidth ceiling (bench/bandwidth.py): the bytes a step reads,
+the read rate measured just before and after the row's steps, and `vs_bandwidth_ceiling`, the
+row's tokens/s over the ceiling's. Each row also gives the memory the
 weights take (`weights_mib`): `--quantization int8` quantizes the linear layers' weights to INT8
 at load (naiad.llm.layers.quantization). `--tensor-parallel 2` splits the model over two processes
 (`weights_mib` is then one rank's share). Each row's `vs_first` is its tokens/s as a ratio to
@@ -35,6 +38,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from bandwidth import ceiling_tokens_per_s, decode_read_bytes, read_rate
 from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 from naiad.llm.engine.sampling_params import GREEDY
 from naiad.llm.layers.quantization import weight_bytes
@@ -100,8 +104,18 @@ def main(argv: list[str]) -> int:
             try:
                 rng = random.Random(0)
                 weights = round(weight_bytes(engine.runner.model) / 2**20, 1)
+                # The bandwidth ceiling at one stream (bench/bandwidth.py), one process on the CPU.
+                read_bytes = decode_read_bytes(engine.runner.model) if tp == 1 and args.device == "cpu" else 0
                 for streams in args.streams:
+                    rates = [read_rate(read_bytes)] if read_bytes and streams == 1 else []
                     point = measure(engine, streams, args.steps, rng)
+                    if rates:
+                        rates.append(read_rate(read_bytes))  # before and after the steps: the rate drifts
+                        ceiling = ceiling_tokens_per_s(read_bytes, statistics.mean(rates))
+                        point |= {"read_mb": round(read_bytes / 1e6, 1),
+                                  "read_gb_s": [round(rate / 1e9, 1) for rate in rates],
+                                  "bandwidth_ceiling_tokens_per_s": round(ceiling, 1),
+                                  "vs_bandwidth_ceiling": round(point["tokens_per_s"] / ceiling, 2)}
                     base = first.setdefault(streams, point["tokens_per_s"])
                     # what ran: "auto" as resolved for this model and machine
                     row = {"model": args.model, "device": args.device, "dtype": dtype,

@@ -14,9 +14,9 @@ BLOCK = 16
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
-def _case(dtype: torch.dtype, heads: int, kv_heads: int, lens: list[int], num_blocks: int = 64):
+def _case(dtype: torch.dtype, heads: int, kv_heads: int, lens: list[int], num_blocks: int = 64, head_dim: int = 64):
     generator = torch.Generator().manual_seed(0)
-    shape = (num_blocks, BLOCK, kv_heads, 64)
+    shape = (num_blocks, BLOCK, kv_heads, head_dim)
     k_cache = torch.randn(shape, generator=generator).to(dtype)
     v_cache = torch.randn(shape, generator=generator).to(dtype)
     # Shuffled blocks, so that a kernel reading them in order would be caught.
@@ -27,7 +27,7 @@ def _case(dtype: torch.dtype, heads: int, kv_heads: int, lens: list[int], num_bl
         tables.append(order[used : used + count])
         used += count
     meta = AttentionMetadata.build([1] * len(lens), lens, tables, BLOCK, "cpu")
-    q = torch.randn(len(lens), heads, 64, generator=generator).to(dtype)
+    q = torch.randn(len(lens), heads, head_dim, generator=generator).to(dtype)
     return q, (k_cache, v_cache), meta
 
 
@@ -40,6 +40,17 @@ def test_kernel_matches_the_reference(dtype: torch.dtype, heads: int, kv_heads: 
     out = kernels.paged_decode_attention(q, *cache, meta.decode_block_tables, meta.decode_context_lens, scale)
     expected = decode_reference(q, cache, meta, scale)
     assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [32, 80, 128])
+def test_kernel_matches_the_reference_at_other_head_sizes(dtype: torch.dtype, head_dim: int) -> None:
+    """128 has its own specialisation in paged_attention.c; 32 and 80 take the generic loop."""
+    q, cache, meta = _case(dtype, 6, 2, [1, 16, 33, 150], head_dim=head_dim)
+    scale = head_dim**-0.5
+    out = kernels.paged_decode_attention(q, *cache, meta.decode_block_tables, meta.decode_context_lens, scale)
+    expected = decode_reference(q, cache, meta, scale)
     torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 

@@ -28,34 +28,22 @@
 #include "common.h"
 #include "thread_pool.h"
 
-/* dot(q, k) with k in storage type `dtype`; written per type so that gcc vectorises each loop. */
-static inline float dot(int dtype, const float *q, const void *k, int64_t d) {
-    float acc = 0.0f;
-    if (dtype == DTYPE_F32) {
-        const float *kk = (const float *)k;
-        for (int64_t i = 0; i < d; i++) acc += q[i] * kk[i];
-    } else if (dtype == DTYPE_BF16) {
-        const uint16_t *kk = (const uint16_t *)k;
-        for (int64_t i = 0; i < d; i++) acc += q[i] * bf16_to_f32(kk[i]);
-    } else {
-        const _Float16 *kk = (const _Float16 *)k;
-        for (int64_t i = 0; i < d; i++) acc += q[i] * (float)kk[i];
-    }
-    return acc;
+/* Element i of a cached K or V vector of storage type `dtype`, as float32. */
+static inline __attribute__((always_inline)) float cached(int dtype, const void *v, int64_t i) {
+    if (dtype == DTYPE_F32) return ((const float *)v)[i];
+    if (dtype == DTYPE_BF16) return bf16_to_f32(((const uint16_t *)v)[i]);
+    return (float)((const _Float16 *)v)[i];
 }
 
-/* acc += w * v with v in storage type `dtype`. */
-static inline void axpy(int dtype, float w, const void *v, float *acc, int64_t d) {
-    if (dtype == DTYPE_F32) {
-        const float *vv = (const float *)v;
-        for (int64_t i = 0; i < d; i++) acc[i] += w * vv[i];
-    } else if (dtype == DTYPE_BF16) {
-        const uint16_t *vv = (const uint16_t *)v;
-        for (int64_t i = 0; i < d; i++) acc[i] += w * bf16_to_f32(vv[i]);
-    } else {
-        const _Float16 *vv = (const _Float16 *)v;
-        for (int64_t i = 0; i < d; i++) acc[i] += w * (float)vv[i];
-    }
+/* Asks for the cache block after `b` (all its records: contiguous) while block b is computed:
+ * the heads read a block's records in strided slices, which the hardware prefetcher follows
+ * poorly when the K/V come from memory (64 rows of a 123M model in bf16: 2.4 ms without this
+ * against 1.6 ms reading each record whole). */
+static inline void prefetch_block(const char *cache, const int64_t *table, int64_t b, int64_t last_block,
+                                  int64_t block_bytes) {
+    if (b + 1 > last_block) return;
+    const char *next = cache + table[b + 1] * block_bytes;
+    for (int64_t i = 0; i < block_bytes; i += 64) __builtin_prefetch(next + i, 0, 2);
 }
 
 /* The arguments of one call, and the rows [row_begin, row_end) and query heads
@@ -71,18 +59,23 @@ typedef struct {
     int status;
 } job_t;
 
-/* Rows one after the other; within a row, every head at once, so that each cached token's
- * K (then V) record, all kv heads side by side, is read once and contiguously. Looping over
- * heads outside the positions instead re-read every record once per head, which at 64 rows
- * (40 MB of K/V per layer) came from memory each time: 3x slower per row than at 1 row. */
-static void *decode_rows(void *arg) {
-    job_t *job = (job_t *)arg;
-    const int dtype = job->dtype;
-    const int64_t heads = job->heads, head_dim = job->head_dim, block_size = job->block_size;
+/* The job's rows, one after the other, a cache block at a time: for each block of the row's
+ * context, every head's scores over the block's tokens (then, after the softmax, every head's
+ * weighted sum of the block's values). A block's records (all kv heads of `block_size` tokens)
+ * are contiguous, so the first head to read them brings them into L1 for the others, and the
+ * records stream from memory in order when the context does not fit in cache (64 rows of a
+ * 123M model: 40 MB of K/V a layer; looping over the whole context once per head was 3x slower
+ * there). Within a block one head's query (and, for the values, its sum) stays in registers:
+ * `dtype` and `head_dim` are constants in each specialisation below (always inlined), so gcc
+ * unrolls the head_dim loops into vector registers. Block indices are looked up once per block.
+ */
+static inline __attribute__((always_inline)) void rows(job_t *job, const int dtype, const int64_t head_dim) {
+    const int64_t heads = job->heads, block_size = job->block_size;
     const int64_t h0 = job->head_begin, h1 = job->head_end;
     const int64_t elem = dtype == DTYPE_F32 ? 4 : 2;
     const int64_t group = heads / job->kv_heads;
     const int64_t token_stride = job->kv_heads * head_dim; /* elements between slots of the cache */
+    const int64_t block_bytes = block_size * token_stride * elem;
     int64_t max_ctx = 1;
     for (int64_t r = job->row_begin; r < job->row_end; r++)
         max_ctx = job->context_lens[r] > max_ctx ? job->context_lens[r] : max_ctx;
@@ -92,7 +85,7 @@ static void *decode_rows(void *arg) {
     if (!scores || !qf || !acc) {
         free(scores), free(qf), free(acc);
         job->status = -1;
-        return NULL;
+        return;
     }
     const char *kc = (const char *)job->k_cache, *vc = (const char *)job->v_cache;
     for (int64_t r = job->row_begin; r < job->row_end; r++) {
@@ -103,12 +96,21 @@ static void *decode_rows(void *arg) {
         load_f32(dtype, (const char *)job->q + (r * heads + h0) * head_dim * elem, qf + h0 * head_dim,
                  (h1 - h0) * head_dim);
         for (int64_t i = h0 * head_dim; i < h1 * head_dim; i++) qf[i] *= job->scale;
-        for (int64_t p = first; p < ctx; p++) {
-            const int64_t slot = table[p / block_size] * block_size + p % block_size;
-            const char *record = kc + slot * token_stride * elem;
-            for (int64_t h = h0; h < h1; h++)
-                scores[h * span + (p - first)] = dot(dtype, qf + h * head_dim, record + (h / group) * head_dim * elem,
-                                                     head_dim);
+        for (int64_t b = first / block_size; b * block_size < ctx; b++) {
+            const int64_t p0 = b * block_size > first ? b * block_size : first;
+            const int64_t p1 = (b + 1) * block_size < ctx ? (b + 1) * block_size : ctx;
+            const int64_t slot0 = table[b] * block_size - b * block_size; /* + p: position p's slot */
+            prefetch_block(kc, table, b, (ctx - 1) / block_size, block_bytes);
+            for (int64_t h = h0; h < h1; h++) {
+                const float *qh = qf + h * head_dim;
+                const char *base = kc + (h / group) * head_dim * elem;
+                for (int64_t p = p0; p < p1; p++) {
+                    const void *k = base + (slot0 + p) * token_stride * elem;
+                    float dot = 0.0f;
+                    for (int64_t i = 0; i < head_dim; i++) dot += qh[i] * cached(dtype, k, i);
+                    scores[h * span + (p - first)] = dot;
+                }
+            }
         }
         for (int64_t h = h0; h < h1; h++) {
             float *row_scores = scores + h * span;
@@ -123,18 +125,51 @@ static void *decode_rows(void *arg) {
             for (int64_t i = 0; i < span; i++) row_scores[i] *= inv;
         }
         memset(acc + h0 * head_dim, 0, (size_t)((h1 - h0) * head_dim) * sizeof(float));
-        for (int64_t p = first; p < ctx; p++) {
-            const int64_t slot = table[p / block_size] * block_size + p % block_size;
-            const char *record = vc + slot * token_stride * elem;
-            for (int64_t h = h0; h < h1; h++)
-                axpy(dtype, scores[h * span + (p - first)], record + (h / group) * head_dim * elem, acc + h * head_dim,
-                     head_dim);
+        for (int64_t b = first / block_size; b * block_size < ctx; b++) {
+            const int64_t p0 = b * block_size > first ? b * block_size : first;
+            const int64_t p1 = (b + 1) * block_size < ctx ? (b + 1) * block_size : ctx;
+            const int64_t slot0 = table[b] * block_size - b * block_size;
+            prefetch_block(vc, table, b, (ctx - 1) / block_size, block_bytes);
+            for (int64_t h = h0; h < h1; h++) {
+                const float *weights = scores + h * span;
+                const char *base = vc + (h / group) * head_dim * elem;
+                float *sum = acc + h * head_dim;
+                for (int64_t p = p0; p < p1; p++) {
+                    const void *v = base + (slot0 + p) * token_stride * elem;
+                    const float w = weights[p - first];
+                    for (int64_t i = 0; i < head_dim; i++) sum[i] += w * cached(dtype, v, i);
+                }
+            }
         }
         store_f32(dtype, acc + h0 * head_dim, (char *)job->out + (r * heads + h0) * head_dim * elem,
                   (h1 - h0) * head_dim);
     }
     free(scores), free(qf), free(acc);
     job->status = 0;
+}
+
+/* One specialisation per storage type, with the usual head sizes as constants. */
+#define ROWS_FOR(dtype)                                                                                              \
+    static void rows_##dtype(job_t *job) {                                                                           \
+        if (job->head_dim == 64)                                                                                     \
+            rows(job, dtype, 64);                                                                                    \
+        else if (job->head_dim == 128)                                                                               \
+            rows(job, dtype, 128);                                                                                   \
+        else                                                                                                         \
+            rows(job, dtype, job->head_dim);                                                                         \
+    }
+ROWS_FOR(DTYPE_F32)
+ROWS_FOR(DTYPE_BF16)
+ROWS_FOR(DTYPE_F16)
+
+static void *decode_rows(void *arg) {
+    job_t *job = (job_t *)arg;
+    if (job->dtype == DTYPE_F32)
+        rows_DTYPE_F32(job);
+    else if (job->dtype == DTYPE_BF16)
+        rows_DTYPE_BF16(job);
+    else
+        rows_DTYPE_F16(job);
     return NULL;
 }
 
