@@ -21,6 +21,9 @@ Also measured:
 - **engine ceiling**: naiad's ``LLMEngine`` in this process (bf16, no server), one decode step
   with 1, 16 and 64 sequences (128-token prompts, prefilled first), as tokens/s: the server's
   overhead is the gap between this and the served figure. Runs while no server is up.
+- **bandwidth ceiling** at 1 stream (bench/bandwidth.py): the bytes of weights one decode step
+  reads over the rate this machine reads a buffer of that size, measured just before and after
+  the engine's one-stream steps; the engine's and naiad's served tokens/s are shown as ratios.
 - **prefix cache**: on each server, TTFT of a request whose prompt shares a 1,000-token prefix
   with an earlier finished request (hit) against one with a fresh 1,000-token prompt (miss),
   median of a few pairs; the ratio miss/hit (issue 6 targets >= 5x for naiad).
@@ -434,6 +437,7 @@ def measure_prefix(name: str, base: str, pairs: list[tuple[str, str, str]]) -> d
 def engine_ceiling(streams: list[int], prompts: Prompts, steps: int) -> list[dict[str, Any]]:
     """Tokens/s of naiad's bare engine decode step (no server), the chosen model, 128-token prompts."""
     import torch
+    from bandwidth import ceiling_tokens_per_s, decode_read_bytes, read_rate
 
     from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
     from naiad.llm.engine.sampling_params import SamplingParams
@@ -442,8 +446,10 @@ def engine_ceiling(streams: list[int], prompts: Prompts, steps: int) -> list[dic
                                     max_num_seqs=MAX_SEQS))
     greedy = SamplingParams(temperature=0.0)
     engine.generate([prompts.token_ids(p) for p in prompts.batch(2)], max_tokens=8, sampling_params=greedy)  # warm-up
+    read_bytes = decode_read_bytes(engine.runner.model)
     rows = []
     for n in streams:
+        rates = [read_rate(read_bytes)] if n == 1 else []  # the bandwidth ceiling at one stream
         ids = [engine.add_request(prompts.token_ids(p), NEW_TOKENS, sampling_params=greedy, ignore_eos=True)
                for p in prompts.batch(n)]
         seqs = [engine.scheduler.get(i) for i in ids]
@@ -466,6 +472,14 @@ def engine_ceiling(streams: list[int], prompts: Prompts, steps: int) -> list[dic
                "mean_tokens_per_s": n * steps / sum(times)}
         print(f"  engine ceiling c={n:<3} {row['tokens_per_s']:7.1f} tok/s (median decode step "
               f"{row['median_step_ms']:.1f} ms over {steps} steps)", flush=True)
+        if rates:
+            rates.append(read_rate(read_bytes))  # before and after the steps: the rate drifts
+            ceiling = ceiling_tokens_per_s(read_bytes, statistics.mean(rates))
+            row |= {"read_bytes": read_bytes, "read_gb_s": [rate / 1e9 for rate in rates],
+                    "bandwidth_ceiling_tokens_per_s": ceiling}
+            print(f"  bandwidth ceiling c=1 {ceiling:7.1f} tok/s ({read_bytes / 1e6:.1f} MB of weights a step "
+                  f"at {statistics.mean(rates) / 1e9:.1f} GB/s); engine ÷ it {row['tokens_per_s'] / ceiling:.2f}",
+                  flush=True)
         rows.append(row)
     return rows
 
@@ -507,6 +521,14 @@ def print_table(doc: dict[str, Any]) -> None:
         if not any((peer, streams) in points for peer in PEERS):
             print(f"| {streams} | (no peer) | | | | | | | {fmt(ceiling.get(streams), ',.1f')} | "
                   f"{ratio(n['tokens_per_s'], ceiling.get(streams))} |")
+    one = next((row for row in doc.get("engine_ceiling") or [] if "bandwidth_ceiling_tokens_per_s" in row), None)
+    served = points.get(("naiad", 1))
+    if one is not None:
+        bound = one["bandwidth_ceiling_tokens_per_s"]
+        print(f"\n### Bandwidth ceiling at 1 stream: {bound:,.1f} tok/s ({one['read_bytes'] / 1e6:.1f} MB of weights "
+              f"a step at {statistics.mean(one['read_gb_s']):.1f} GB/s, read in this run)")
+        print(f"naiad engine ÷ ceiling {ratio(one['tokens_per_s'], bound)}; naiad served ÷ ceiling "
+              f"{ratio(served['tokens_per_s'] if served else None, bound)}")
     prefix = {s: v["prefix"] for s, v in doc["servers"].items() if v.get("prefix")}
     if prefix:
         print(f"\n### Prefix cache: TTFT with a shared {PREFIX_TOKENS}-token prefix (hit) vs a fresh prompt (miss)")

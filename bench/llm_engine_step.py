@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bandwidth import ceiling_tokens_per_s, decode_read_bytes, read_rate
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from bandwidth import ceiling_tokens_per_s, decode_read_bytes, read_rate
 from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 from naiad.llm.engine.sampling_params import GREEDY
 from naiad.llm.layers.quantization import weight_bytes
