@@ -1,6 +1,8 @@
 """HttpProtocol driven in-process with a fake transport: framing, ordering, limits."""
 
 import asyncio
+import gc
+import weakref
 
 from naiad.frontends.http.protocol import Connections, HttpProtocol
 from naiad.frontends.http.reply import Reply
@@ -263,3 +265,42 @@ def test_a_crash_in_dispatch_now_is_a_500_and_the_connection_goes_on() -> None:
     transport = asyncio.run(main())
     assert transport.data.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
     assert b"\r\n\r\n/later" in transport.data and not transport.closed
+
+
+def test_an_answered_request_leaves_no_reference_cycle() -> None:
+    """An inference's canceller leads back to its answer (the job holds the sink that answers
+    it): once the answer is written the protocol drops the canceller, so the request's objects
+    go with their last reference instead of waiting for the cyclic garbage collector, which ran
+    every few requests and stopped the server for milliseconds (docs/benchmarks.md)."""
+
+    class Job:
+        def __init__(self, answer) -> None:
+            self.answer = answer
+
+        def cancel(self) -> None:
+            pass
+
+    jobs: list[weakref.ref[Job]] = []
+
+    def dispatch_now(method, path, headers, body, answer):
+        job = Job(answer)
+        jobs.append(weakref.ref(job))
+        asyncio.get_running_loop().call_soon(job.answer, Reply(200, b"ok", b"text/plain"), [])
+        return job.cancel
+
+    async def main() -> None:
+        protocol, transport = _protocol(dispatch_now)
+        protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(100):
+            if transport.data.count(b"HTTP/1.1 200 OK") == 2:
+                break
+            await asyncio.sleep(0.001)
+        assert transport.data.count(b"HTTP/1.1 200 OK") == 2
+        assert len(jobs) == 2 and all(job() is None for job in jobs)  # freed without a collection
+
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(main())
+    finally:
+        gc.enable()

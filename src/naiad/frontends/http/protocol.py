@@ -460,6 +460,9 @@ class _Waiting:
         if self.answered:
             return
         self.answered = True
+        # The canceller (the job's) leads through the job's sink back to this answer: dropping it
+        # leaves the request's objects to reference counting instead of a garbage collection.
+        self.cancel = _nothing
         protocol = self.protocol
         protocol._write(reply, extra, self.keep_alive)
         if protocol.waiting is self:  # still this connection's request in hand: on to the next
