@@ -304,3 +304,28 @@ def test_an_answered_request_leaves_no_reference_cycle() -> None:
         asyncio.run(main())
     finally:
         gc.enable()
+
+
+def test_a_closed_connection_leaves_no_reference_cycle() -> None:
+    """Its parser and idle timer call back into the protocol: dropped when the connection is
+    lost, so a client that opens a connection per request leaves nothing to the collector."""
+
+    async def main() -> weakref.ref[HttpProtocol]:
+        transport = FakeTransport()
+        protocol = HttpProtocol(_echo_path, 1 << 20, Connections(), idle_timeout=30.0)
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        for _ in range(100):
+            if transport.data:
+                break
+            await asyncio.sleep(0.001)
+        protocol.connection_lost(None)
+        return weakref.ref(protocol)
+
+    gc.collect()
+    gc.disable()
+    try:
+        gone = asyncio.run(main())
+        assert gone() is None
+    finally:
+        gc.enable()
