@@ -37,8 +37,9 @@ static inline __attribute__((always_inline)) float cached(int dtype, const void 
 
 /* Asks for the cache block after `b` (all its records: contiguous) while block b is computed:
  * the heads read a block's records in strided slices, which the hardware prefetcher follows
- * poorly when the K/V come from memory (64 rows of a 123M model in bf16: 2.4 ms without this
- * against 1.6 ms reading each record whole). */
+ * poorly when the K/V come from memory. Measured on 64 rows of a 123M model's bf16 cache (39 MB
+ * a call): 2.3-3.1 ms a call without it, 1.6-2.1 ms with it, as fast as the earlier loop that
+ * read each record whole. */
 static inline void prefetch_block(const char *cache, const int64_t *table, int64_t b, int64_t last_block,
                                   int64_t block_bytes) {
     if (b + 1 > last_block) return;
