@@ -93,7 +93,9 @@ def test_two_nodes_match_one_process(tiny_models: dict[str, Path], key: str, por
         assert run_staggered(engine) == expected
     finally:
         engine.close()
-    assert agent.wait(60) == 0, agent.stdout.read() if agent.stdout else ""
+    status = agent.wait(60)
+    output = agent.stdout.read().decode(errors="replace") if agent.stdout else ""
+    assert status == 0, f"the agent exited with {status}; its log, whole:\n{output}"  # not a truncated repr
     assert not multiprocessing.active_children()
 
 
