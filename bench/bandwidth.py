@@ -20,8 +20,8 @@ from torch import nn
 
 def decode_read_bytes(model: nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter and buffer once (a tied LM head
-    shares the embedding's tensor), except an embedding table the LM head does not use, of which
-    a step reads one row per token."""
+    shares the embedding's tensor), not counting an embedding table the LM head does not use
+    (a step reads one row of it per token: a few KB)."""
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     inner = getattr(model, "model", None)

@@ -1,8 +1,10 @@
 """HttpProtocol driven in-process with a fake transport: framing, ordering, limits."""
 
 import asyncio
+import contextlib
 import gc
 import weakref
+from collections.abc import Iterator
 
 from naiad.frontends.http.protocol import Connections, HttpProtocol
 from naiad.frontends.http.reply import Reply
@@ -195,6 +197,25 @@ def _protocol(dispatch_now: _Later) -> tuple[HttpProtocol, FakeTransport]:
     return protocol, transport
 
 
+async def _answered(transport: FakeTransport, count: int, status: bytes = b"HTTP/1.1 ") -> None:
+    """Wait (up to ~0.2 s) until `count` responses starting with `status` have been written."""
+    for _ in range(100):
+        if transport.data.count(status) >= count:
+            return
+        await asyncio.sleep(0.002)
+
+
+@contextlib.contextmanager
+def _no_cyclic_collector() -> Iterator[None]:
+    """The cyclic garbage collector off: what is freed meanwhile went with its last reference."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def test_requests_answered_without_a_task_keep_their_order():
     later = _Later()
 
@@ -202,10 +223,7 @@ def test_requests_answered_without_a_task_keep_their_order():
         protocol, transport = _protocol(later)
         protocol.data_received(b"GET /later1 HTTP/1.1\r\nHost: x\r\n\r\nGET /now HTTP/1.1\r\nHost: x\r\n\r\n"
                                b"GET /task HTTP/1.1\r\nHost: x\r\n\r\nGET /later2 HTTP/1.1\r\nHost: x\r\n\r\n")
-        for _ in range(100):
-            if transport.data.count(b"HTTP/1.1 ") == 4:
-                break
-            await asyncio.sleep(0.002)
+        await _answered(transport, 4)
         return transport
 
     data = asyncio.run(main()).data
@@ -256,10 +274,7 @@ def test_a_crash_in_dispatch_now_is_a_500_and_the_connection_goes_on() -> None:
     async def main() -> FakeTransport:
         protocol, transport = _protocol(later)
         protocol.data_received(b"GET /crash HTTP/1.1\r\nHost: x\r\n\r\nGET /later HTTP/1.1\r\nHost: x\r\n\r\n")
-        for _ in range(100):
-            if transport.data.count(b"HTTP/1.1 ") == 2:
-                break
-            await asyncio.sleep(0.002)
+        await _answered(transport, 2)
         return transport
 
     transport = asyncio.run(main())
@@ -291,19 +306,12 @@ def test_an_answered_request_leaves_no_reference_cycle() -> None:
     async def main() -> None:
         protocol, transport = _protocol(dispatch_now)
         protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
-        for _ in range(100):
-            if transport.data.count(b"HTTP/1.1 200 OK") == 2:
-                break
-            await asyncio.sleep(0.001)
+        await _answered(transport, 2, b"HTTP/1.1 200 OK")
         assert transport.data.count(b"HTTP/1.1 200 OK") == 2
         assert len(jobs) == 2 and all(job() is None for job in jobs)  # freed without a collection
 
-    gc.collect()
-    gc.disable()
-    try:
+    with _no_cyclic_collector():
         asyncio.run(main())
-    finally:
-        gc.enable()
 
 
 def test_a_closed_connection_leaves_no_reference_cycle() -> None:
@@ -315,17 +323,10 @@ def test_a_closed_connection_leaves_no_reference_cycle() -> None:
         protocol = HttpProtocol(_echo_path, 1 << 20, Connections(), idle_timeout=30.0)
         protocol.connection_made(transport)
         protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        for _ in range(100):
-            if transport.data:
-                break
-            await asyncio.sleep(0.001)
+        await _answered(transport, 1)
         protocol.connection_lost(None)
         return weakref.ref(protocol)
 
-    gc.collect()
-    gc.disable()
-    try:
+    with _no_cyclic_collector():
         gone = asyncio.run(main())
         assert gone() is None
-    finally:
-        gc.enable()
