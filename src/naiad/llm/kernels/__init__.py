@@ -2,9 +2,9 @@
 decode attention over the paged cache (`paged_attention.c`), the decoder layer's fused
 element-wise ops (`fused_ops.c`: RMSNorm with the residual add, rotary embedding, SiLU-gating),
 8-bit linear layers with 15-bit activations, on AVX512-VNNI where the CPU has it and in
-portable C elsewhere (`q8_linear.c`), and a decode step's decoder layers strung together from
-those in one call (`decoder.c`, called through `decoder.py`). Their jobs run on torch's OpenMP
-threads (`thread_pool.c`).
+portable C elsewhere (`q8_linear.c`), bf16 linear layers on AVX512-BF16 (`bf16_linear.c`), and
+a decode step's decoder layers strung together from those in one call (`decoder.c`, called
+through `decoder.py`). Their jobs run on torch's OpenMP threads (`thread_pool.c`).
 
 Why not a torch C++ extension: one including torch's headers takes about a minute to compile
 on two cores, while this C file builds in under a second and needs nothing but gcc (which CI
@@ -12,7 +12,8 @@ has). The library is built for this CPU (`-march=native`) into the cache directo
 (`$NAIAD_CACHE_DIR`, else a per-user folder under the temp dir), keyed by the source and the
 CPU; a build that fails leaves the torch reference in charge. `NAIAD_LLM_KERNELS=0` turns the
 kernels off (to compare against the reference); `NAIAD_LLM_VNNI=0` keeps `q8_linear` on its
-portable path on a CPU that has VNNI (to test that path, or to compare).
+portable path on a CPU that has VNNI (to test that path, or to compare); `NAIAD_LLM_BF16_KERNEL=0`
+keeps bf16 models on oneDNN's linears.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "paged_attention.c", HERE / "fused_ops.c", HERE / "q8_linear.c", HERE / "thread_pool.c",
-           HERE / "decoder.c"]
+           HERE / "decoder.c", HERE / "bf16_linear.c"]
 HEADERS = [HERE / "common.h", HERE / "thread_pool.h"]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _tried = False
 _vnni: bool | None = None  # what the library says of the CPU, asked once
+_bf16: bool | None = None  # the same for bf16_linear
 
 
 def cache_dir() -> Path:
@@ -112,7 +114,10 @@ def library() -> ctypes.CDLL | None:
         lib.q8_has_vnni.argtypes = []
         lib.decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                       ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 5]
-        for name in ("rms_norm", "rotary", "silu_mul", "q8_linear", "q8_has_vnni", "decode_layers"):
+        lib.bf16_linear.argtypes = [*[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 4]
+        lib.bf16_linear_supported.argtypes = []
+        for name in ("rms_norm", "rotary", "silu_mul", "q8_linear", "q8_has_vnni", "decode_layers", "bf16_linear",
+                     "bf16_linear_supported"):
             getattr(lib, name).restype = ctypes.c_int
         _library = lib
         return _library
@@ -273,4 +278,51 @@ def q8_linear(
         raise ValueError(f"packed weights of {in_pad} inputs do not fit {in_features} (a multiple of 32 at least), "
                          f"or bad outlier columns")
     _check(status, "q8_linear")
+    return out
+
+
+#: bf16_linear.c's panels: output channels per 64-byte row of weights.
+BF16_PANEL = 16
+
+
+def has_bf16_linear() -> bool:
+    """Whether `bf16_linear` runs here (the CPU has AVX512-BF16 and the build used it), unless
+    `NAIAD_LLM_BF16_KERNEL=0` turns it off (bf16 models then keep oneDNN's linears, to compare)."""
+    global _bf16
+    if os.environ.get("NAIAD_LLM_BF16_KERNEL", "1") == "0":
+        return False
+    lib = library()
+    if lib is None:
+        return False
+    if _bf16 is None:
+        _bf16 = bool(lib.bf16_linear_supported())
+    return _bf16
+
+
+def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight `[out, in]` in bf16_linear.c's layout `[panels, in_pad / 2, 16, 2]` (the
+    padding, to whole panels and an even width, zero)."""
+    out_features, in_features = weight.shape
+    panels, in_pad = -(-out_features // BF16_PANEL), in_features + (in_features & 1)
+    padded = weight.new_zeros(panels * BF16_PANEL, in_pad, dtype=torch.bfloat16)
+    padded[:out_features, :in_features] = weight
+    return padded.view(panels, BF16_PANEL, in_pad // 2, 2).transpose(1, 2).contiguous()
+
+
+def bf16_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """`x @ W.T + bias` in bf16 for `W` in `bf16_panels`' layout; call only where `has_bf16_linear()`."""
+    x = x.contiguous()
+    in_features = x.shape[-1]
+    rows = x.numel() // in_features
+    if (x.dtype != torch.bfloat16 or panels.dtype != torch.bfloat16 or not panels.is_contiguous()
+            or panels.shape[1] * 2 != in_features + (in_features & 1) or panels.shape[0] * BF16_PANEL < out_features):
+        raise ValueError(f"bf16_linear takes bf16 x of {in_features} inputs and panels of its width")
+    if bias is not None and (bias.dtype != torch.bfloat16 or bias.numel() != out_features or not bias.is_contiguous()):
+        raise ValueError("bf16_linear's bias is a contiguous bf16 vector of the outputs")
+    out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
+    status = _lib().bf16_linear(x.data_ptr(), panels.data_ptr(), None if bias is None else bias.data_ptr(),
+                                out.data_ptr(), rows, in_features, out_features, torch.get_num_threads())
+    if status == -3:
+        raise RuntimeError("bf16_linear needs AVX512-BF16 (check has_bf16_linear() first)")
+    _check(status, "bf16_linear")
     return out

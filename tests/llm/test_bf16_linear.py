@@ -1,0 +1,93 @@
+"""The bf16 linear kernel (kernels/bf16_linear.c) against torch's bf16 linear: the same outputs
+up to the order of the sums, on any row count, width and thread count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from naiad.llm import kernels
+
+needs_bf16 = pytest.mark.skipif(not kernels.has_bf16_linear(), reason="this CPU or build lacks AVX512-BF16")
+
+
+def _case(rows: int, out_features: int, in_features: int, bias: bool, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
+    x = torch.randn(rows, in_features, generator=generator).bfloat16()
+    b = torch.randn(out_features, generator=generator).bfloat16() if bias else None
+    return x, weight, b
+
+
+def _worst(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[float, float]:
+    """(the kernel's, torch's) largest distance to the float32 result, in units of the float32 result's largest
+    magnitude: both round the same float32 sums to bf16 once."""
+    exact = torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    torch_bf16 = torch.nn.functional.linear(x, weight, bias).float()
+    scale = exact.abs().max().clamp_min(1e-6)
+    return float((got.float() - exact).abs().max() / scale), float((torch_bf16 - exact).abs().max() / scale)
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 64])
+@pytest.mark.parametrize(("out_features", "in_features"), [(200, 96), (33, 77), (16, 2), (2304, 768)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_it_rounds_the_float32_result_as_torch_does(rows: int, out_features: int, in_features: int,
+                                                    bias: bool) -> None:
+    x, weight, b = _case(rows, out_features, in_features, bias)
+    got = kernels.bf16_linear(x, kernels.bf16_panels(weight), b, out_features)
+    assert got.shape == (rows, out_features) and got.dtype == torch.bfloat16
+    ours, theirs = _worst(got, x, weight, b)
+    assert ours <= max(theirs, 2**-8), (ours, theirs)  # within bf16's own rounding of the float32 result
+
+
+@needs_bf16
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_the_thread_count_changes_no_bit(threads: int, rows: int) -> None:
+    x, weight, b = _case(rows, 1000, 160, True)
+    panels = kernels.bf16_panels(weight)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.bf16_linear(x, panels, b, 1000)
+        torch.set_num_threads(threads)
+        many = kernels.bf16_linear(x, panels, b, 1000)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, many)
+
+
+@needs_bf16
+def test_leading_dimensions_are_kept_and_no_rows_is_fine() -> None:
+    x, weight, _ = _case(6, 40, 24, False)
+    panels = kernels.bf16_panels(weight)
+    flat = kernels.bf16_linear(x, panels, None, 40)
+    assert torch.equal(kernels.bf16_linear(x.view(2, 3, 24), panels, None, 40), flat.view(2, 3, 40))
+    assert kernels.bf16_linear(x[:0], panels, None, 40).shape == (0, 40)
+
+
+def test_the_panel_layout_holds_each_pair_of_inputs_for_sixteen_outputs() -> None:
+    weight = torch.arange(20 * 5, dtype=torch.float32).view(20, 5).bfloat16()
+    panels = kernels.bf16_panels(weight)
+    assert panels.shape == (2, 3, 16, 2)  # 20 outputs in 2 panels, 5 inputs padded to 3 pairs
+    assert torch.equal(panels[0, 1, 4], weight[4, 2:4])  # panel 0, inputs 2-3, output 4
+    assert torch.equal(panels[1, 2, 3], torch.stack([weight[19, 4], torch.tensor(0.0).bfloat16()]))  # padding is 0
+    assert not panels[1, :, 4:].any()  # outputs past 20
+
+
+@needs_bf16
+def test_wrong_inputs_are_refused() -> None:
+    x, weight, _ = _case(2, 32, 16, False)
+    panels = kernels.bf16_panels(weight)
+    with pytest.raises(ValueError, match="bf16 x"):
+        kernels.bf16_linear(x.float(), panels, None, 32)
+    with pytest.raises(ValueError, match="width"):
+        kernels.bf16_linear(torch.zeros(2, 18, dtype=torch.bfloat16), panels, None, 32)
+    with pytest.raises(ValueError, match="bias"):
+        kernels.bf16_linear(x, panels, torch.zeros(31, dtype=torch.bfloat16), 32)
+
+
+def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NAIAD_LLM_BF16_KERNEL", "0")
+    assert not kernels.has_bf16_linear()
