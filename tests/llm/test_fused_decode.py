@@ -20,18 +20,22 @@ from naiad.llm.models.llama import LlamaForCausalLM
 needs_kernels = pytest.mark.skipif(kernels.library() is None, reason="gcc could not build the CPU kernels")
 
 
-def _model(path: Path, quantization: str) -> LlamaForCausalLM:
-    runner = ModelRunner(RunnerConfig(model=path, dtype="float32", kv_cache_memory=8 << 20,
+def _model(path: Path, quantization: str, dtype: str = "float32") -> LlamaForCausalLM:
+    runner = ModelRunner(RunnerConfig(model=path, dtype=dtype, kv_cache_memory=8 << 20,
                                       quantization=quantization))
     assert isinstance(runner.model, LlamaForCausalLM)
     return runner.model
 
 
-@pytest.fixture(scope="module", params=["gguf-Q4_1", "gguf-Q8_0", "int8"])
+@pytest.fixture(scope="module", params=["gguf-Q4_1", "gguf-Q8_0", "int8", "bf16"])
 def model(request: pytest.FixtureRequest, tiny_models: dict[str, Path],
           tmp_path_factory: pytest.TempPathFactory) -> LlamaForCausalLM:
     if request.param == "int8":
         return _model(tiny_models["llama"], "int8")
+    if request.param == "bf16":  # bf16 panels (kernels/bf16_linear.c) where the CPU runs them
+        if not kernels.has_bf16_linear():
+            pytest.skip("this CPU or build lacks AVX512-BF16: bf16 models keep oneDNN's linears, layer by layer")
+        return _model(tiny_models["llama"], "none", "bf16")
     kind = gguf.GGMLQuantizationType[request.param.removeprefix("gguf-")]
     return _model(write_gguf(tiny_models["llama"], tmp_path_factory.mktemp("gguf") / "tiny.gguf", kind), "gguf")
 
@@ -83,6 +87,8 @@ def test_it_applies_only_to_decode_steps(model: LlamaForCausalLM, monkeypatch: p
 def test_it_does_not_apply_to_an_unquantized_model_or_when_turned_off(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert _model(tiny_models["llama"], "none").model.fused_decode is None  # torch's linears, layer by layer
+    assert _model(tiny_models["llama"], "none").model.fused_decode is None  # float32: torch's linears, layer by layer
+    monkeypatch.setenv("NAIAD_LLM_BF16_KERNEL", "0")  # bf16 on oneDNN's linears
+    assert _model(tiny_models["llama"], "none", "bf16").model.fused_decode is None
     monkeypatch.setenv("NAIAD_LLM_FUSED_DECODE", "0")
     assert _model(tiny_models["llama"], "int8").model.fused_decode is None

@@ -51,7 +51,7 @@ class Batch:
         args, per_seq = model.args, -(-max_len // BLOCK)
         self.model = model
         self.caches = allocate_kv_caches(args.num_layers, num_seqs * per_seq, BLOCK, args.num_kv_heads,
-                                         args.head_dim, torch.float32, "cpu")
+                                         args.head_dim, model.dtype, "cpu")
         self.tables = [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(num_seqs)]
         self.computed = [0] * num_seqs
 

@@ -148,6 +148,7 @@ class ModelRunner:
             self.model.model.fused_decode = FusedDecode.build(self.model.model)
         elif can_prepack(self.dtype, self.device):
             prepack_linears(self.model)
+            self.model.model.fused_decode = FusedDecode.build(self.model.model)
         self.kv_cache_memory = kv_cache_budget(config, self.device)
         # This rank's kv heads of its stage's layers; every rank of every stage must have the same
         # blocks (the block tables are shared).

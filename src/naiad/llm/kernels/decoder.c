@@ -1,6 +1,6 @@
 /*
  * A whole decode step's decoder layers in one call, for the CPU (the engine's `"gguf"`, `"int8"`
- * and `"auto"` quantized Llama models on one rank).
+ * and `"auto"` quantized Llama models, and bf16 models where bf16_linear.c runs, on one rank).
  *
  * In eager torch each layer is a dozen Python-level calls (modules, views, the kernels' ctypes
  * wrappers): for SmolLM2's 30 narrow layers that Python took about as long as the weights' reading
@@ -9,12 +9,12 @@
  * (models/llama.py's DecoderLayer; tests/llm/test_fused_decode.py checks the equality):
  *
  *   h, residual = rms_norm(x + residual)           (the first layer: residual = x, h = rms_norm(x))
- *   q | k | v  = q8_linear(h, qkv)
+ *   q | k | v  = linear(h, qkv)                    (q8_linear, or bf16_linear for a bf16 model)
  *   q, k      = rotary(q, k)                        (in place in the qkv rows)
  *   cache[slot] = k, v                              (the rows' new tokens' K/V)
  *   a         = paged_decode_attention(q)
- *   h, residual = rms_norm(q8_linear(a, o) + residual)
- *   x         = q8_linear(silu_mul(q8_linear(h, gate_up)), down)
+ *   h, residual = rms_norm(linear(a, o) + residual)
+ *   x         = linear(silu_mul(linear(h, gate_up)), down)
  *
  * Every row is a decode row: one new token per sequence, at position context_len - 1.
  */
@@ -32,26 +32,32 @@ int silu_mul(int dtype, const void *gate_up, void *out, int64_t rows, int64_t in
 int q8_linear(int dtype, const void *x, const uint8_t *w, const void *scales, int scale_kind, const float *bias,
               const int64_t *cols, const void *wcol, int64_t ncols, void *y, int64_t rows, int64_t in, int64_t in_pad,
               int64_t out, int64_t num_threads, int use_vnni);
+int bf16_linear(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t rows, int64_t in,
+                int64_t out, int64_t num_threads);
 int paged_decode_attention(int dtype, const void *q, const void *k_cache, const void *v_cache,
                            const int64_t *block_tables, const int64_t *context_lens, void *out, int64_t rows,
                            int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
                            int64_t window, float scale, int64_t num_threads);
 
-/* One 8-bit linear layer as q8_linear takes it (quantization.py's _PackedLinear). */
+enum { LINEAR_Q8 = 0, LINEAR_BF16 = 1 };
+
+/* One linear layer: 8-bit as q8_linear takes it (quantization.py's _PackedLinear), or bf16 panels
+ * as bf16_linear takes them (cpu_linear.py's PanelLinear; only `packed`, `bias`, `in` and `out`
+ * are used then, the bias in bf16). */
 typedef struct {
-    const uint8_t *packed;
+    const void *packed;
     const void *scales;
-    const float *bias;      /* NULL: none */
+    const void *bias;       /* NULL: none; float32 for q8, bf16 for bf16 */
     const int64_t *columns; /* the outlier columns, NULL when ncols is 0 */
     const void *column_weights;
-    int64_t ncols, in, in_pad, out, scale_kind;
-} q8_layer_t;
+    int64_t ncols, in, in_pad, out, scale_kind, kind;
+} linear_t;
 
 /* One decoder layer: its two norms' weights (in the activations' dtype) and four linears. */
 typedef struct {
     const void *input_norm, *post_norm;
     void *k_cache, *v_cache; /* [num_blocks, block_size, kv_heads, head_dim] */
-    q8_layer_t qkv, o, gate_up, down;
+    linear_t qkv, o, gate_up, down;
 } decoder_layer_t;
 
 typedef struct {
@@ -60,7 +66,9 @@ typedef struct {
     int dtype, vnni;
 } decode_shape_t;
 
-static int linear(const decode_shape_t *s, const q8_layer_t *l, const void *x, void *y) {
+static int linear(const decode_shape_t *s, const linear_t *l, const void *x, void *y) {
+    if (l->kind == LINEAR_BF16)
+        return bf16_linear(x, l->packed, l->bias, y, s->rows, l->in, l->out, s->threads);
     return q8_linear(s->dtype, x, l->packed, l->scales, (int)l->scale_kind, l->bias, l->columns, l->column_weights,
                      l->ncols, y, s->rows, l->in, l->in_pad, l->out, s->threads, s->vnni);
 }

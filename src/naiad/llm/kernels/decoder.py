@@ -1,6 +1,6 @@
 """`decode_layers` (decoder.c): a decode step's decoder layers in one C call, from Python.
 
-The structures mirror decoder.c's; `Q8Layer`, `DecoderLayer` and `DecodeShape` are filled once
+The structures mirror decoder.c's; `Linear`, `DecoderLayer` and `DecodeShape` are filled once
 per model (weights' addresses do not move once loaded) by naiad.llm.models.fused_decode, which
 decides when a step may take this path.
 """
@@ -13,9 +13,12 @@ import torch
 
 from naiad.llm.kernels import _DTYPES, _check, _lib, q8_columns, vnni_wanted
 
+#: decoder.c's linear kinds
+LINEAR_Q8, LINEAR_BF16 = 0, 1
 
-class Q8Layer(ctypes.Structure):
-    """One 8-bit linear layer as q8_linear takes it."""
+
+class Linear(ctypes.Structure):
+    """One linear layer: 8-bit as q8_linear takes it, or bf16 panels as bf16_linear takes them."""
 
     _fields_ = [
         ("packed", ctypes.c_void_p),
@@ -28,6 +31,7 @@ class Q8Layer(ctypes.Structure):
         ("in_pad", ctypes.c_int64),
         ("out_features", ctypes.c_int64),
         ("scale_kind", ctypes.c_int64),
+        ("kind", ctypes.c_int64),
     ]
 
 
@@ -39,10 +43,10 @@ class DecoderLayer(ctypes.Structure):
         ("post_norm", ctypes.c_void_p),
         ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p),
-        ("qkv", Q8Layer),
-        ("o", Q8Layer),
-        ("gate_up", Q8Layer),
-        ("down", Q8Layer),
+        ("qkv", Linear),
+        ("o", Linear),
+        ("gate_up", Linear),
+        ("down", Linear),
     ]
 
 
@@ -74,7 +78,7 @@ def q8_layer(
     out_features: int,
     columns: torch.Tensor | None,
     column_weights: torch.Tensor | None,
-) -> Q8Layer:
+) -> Linear:
     """A linear's q8_linear arguments, checked as kernels.q8_linear checks them; kept across calls,
     so the tensors must also be contiguous and the bias float32 here."""
     ncols, columns_at, column_weights_at = q8_columns(packed, scales, columns, column_weights)
@@ -83,8 +87,19 @@ def q8_layer(
     for tensor in (packed, scales, bias, columns, column_weights):
         if tensor is not None and not tensor.is_contiguous():
             raise ValueError("q8_linear's weights must be contiguous")
-    return Q8Layer(packed.data_ptr(), scales.data_ptr(), None if bias is None else bias.data_ptr(), columns_at,
-                   column_weights_at, ncols, in_features, packed.shape[1] * 4, out_features, scale_kind)
+    return Linear(packed.data_ptr(), scales.data_ptr(), None if bias is None else bias.data_ptr(), columns_at,
+                  column_weights_at, ncols, in_features, packed.shape[1] * 4, out_features, scale_kind, LINEAR_Q8)
+
+
+def bf16_layer(panels: torch.Tensor, bias: torch.Tensor | None, in_features: int, out_features: int) -> Linear:
+    """A linear's bf16_linear arguments (see kernels.bf16_linear), kept across calls."""
+    if panels.dtype != torch.bfloat16 or not panels.is_contiguous() or panels.shape[1] * 2 != in_features + (
+            in_features & 1):
+        raise ValueError("bf16_linear takes contiguous bf16 panels of the layer's width")
+    if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
+        raise ValueError("bf16_linear's bias is a contiguous bf16 vector")
+    return Linear(panels.data_ptr(), None, None if bias is None else bias.data_ptr(), None, None, 0, in_features,
+                  panels.shape[1] * 2, out_features, 0, LINEAR_BF16)
 
 
 def decode_layers(
@@ -111,7 +126,10 @@ def decode_layers(
     shape.rows, shape.max_blocks = rows, tables.shape[1] if tables.dim() == 2 else 0
     shape.threads, shape.dtype = torch.get_num_threads(), _DTYPES[x.dtype]
     shape.vnni = int(vnni_wanted())
-    _check(_lib().decode_layers(ctypes.byref(shape), layers, len(layers), out.data_ptr(), stream.data_ptr(),
-                                int(residual is None), cos.data_ptr(), sin.data_ptr(), slot_ids.data_ptr(),
-                                tables.data_ptr(), lens.data_ptr()), "decode_layers")
+    status = _lib().decode_layers(ctypes.byref(shape), layers, len(layers), out.data_ptr(), stream.data_ptr(),
+                                  int(residual is None), cos.data_ptr(), sin.data_ptr(), slot_ids.data_ptr(),
+                                  tables.data_ptr(), lens.data_ptr())
+    if status == -3:
+        raise RuntimeError("decode_layers was given bf16 linears where bf16_linear does not run")
+    _check(status, "decode_layers")
     return out, stream

@@ -6,7 +6,8 @@ with no Python between them, so a step's logits are bit for bit the layer-by-lay
 (tests/llm/test_fused_decode.py).
 
 It applies to a model on the CPU whose linears are all 8-bit (`quantization` "int8", "gguf", or
-"auto" where that keeps a GGUF file's blocks) on one tensor-parallel rank, without per-head q/k
+"auto" where that keeps a GGUF file's blocks) or all bf16 panels (a bf16 model where the CPU runs
+kernels/bf16_linear.c: cpu_linear.PanelLinear), on one tensor-parallel rank, without per-head q/k
 norms (Qwen3), and to steps whose rows are all decode rows (prefill chunks keep the layer-by-layer
 forward). `NAIAD_LLM_FUSED_DECODE=0` turns it off, to compare.
 """
@@ -22,6 +23,7 @@ from torch import nn
 from naiad.llm import kernels
 from naiad.llm.kernels import decoder
 from naiad.llm.layers.attention import AttentionMetadata, KVCache
+from naiad.llm.layers.cpu_linear import PanelLinear
 from naiad.llm.layers.quantization import KERNEL_MAX_ROWS, _PackedLinear
 
 if TYPE_CHECKING:
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
 class FusedDecode:
     """The ctypes view of a model's layers that `decoder.decode_layers` takes, built once."""
 
-    def __init__(self, model: LlamaModel) -> None:
+    def __init__(self, model: LlamaModel, bf16: bool = False) -> None:
+        self.bf16 = bf16  # the linears are bf16 panels (else 8-bit)
         layers = _layers(model)
         first = layers[0]
         attention = first.self_attn
@@ -46,10 +49,10 @@ class FusedDecode:
         for slot, layer in zip(self.layers, layers, strict=True):
             slot.input_norm = layer.input_layernorm.weight.data_ptr()
             slot.post_norm = layer.post_attention_layernorm.weight.data_ptr()
-            slot.qkv = _q8(layer.self_attn.qkv_proj)
-            slot.o = _q8(layer.self_attn.o_proj)
-            slot.gate_up = _q8(layer.mlp.gate_up_proj)
-            slot.down = _q8(layer.mlp.down_proj)
+            slot.qkv = _linear(layer.self_attn.qkv_proj)
+            slot.o = _linear(layer.self_attn.o_proj)
+            slot.gate_up = _linear(layer.mlp.gate_up_proj)
+            slot.down = _linear(layer.mlp.down_proj)
         self._caches: tuple[int, ...] = ()
 
     @staticmethod
@@ -59,21 +62,26 @@ class FusedDecode:
             return None
         if kernels.library() is None:
             return None
+        kinds: set[str | None] = set()
         for layer in _layers(model):
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
             linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-            if layer.self_attn.qk_norm or not all(isinstance(linear, _PackedLinear) for linear in linears):
+            kinds |= {_kind(linear) for linear in linears}
+            if layer.self_attn.qk_norm or None in kinds or len(kinds) > 1:
+                return None
+            if kinds == {"bf16"} and norms[0].dtype != torch.bfloat16:  # panels take bf16 activations
                 return None
             if not all(kernels.supports(norm) and norm.is_contiguous() for norm in norms):
                 return None
-        return FusedDecode(model)
+        return FusedDecode(model, kinds.pop() == "bf16")
 
     def applies(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether this step can run fused: decode rows only, in the layers' dtype, and few enough
-        rows for the 8-bit kernel where the CPU lacks VNNI (as _PackedLinear decides per call)."""
+        rows for the 8-bit kernel where the CPU lacks VNNI (as _PackedLinear decides per call; bf16
+        panels take any number)."""
         rows = x.shape[0]
         return (not meta.prefills and rows == len(meta.decode_tokens) and x.dtype == self.dtype
-                and x.device.type == "cpu" and (rows <= KERNEL_MAX_ROWS or kernels.has_vnni()))
+                and x.device.type == "cpu" and (self.bf16 or rows <= KERNEL_MAX_ROWS or kernels.has_vnni()))
 
     def run(
         self,
@@ -101,8 +109,17 @@ def _layers(model: LlamaModel) -> list[DecoderLayer]:
     return cast("list[DecoderLayer]", list(model.layers))  # a ModuleList's items are Modules to mypy
 
 
-def _q8(linear: nn.Module) -> decoder.Q8Layer:
-    assert isinstance(linear, _PackedLinear), "build() checked that every linear is 8-bit"
+def _kind(linear: nn.Module) -> str | None:
+    """"q8" or "bf16" for the linears decoder.c runs, None for the others."""
+    if isinstance(linear, _PackedLinear):
+        return "q8"
+    return "bf16" if isinstance(linear, PanelLinear) else None
+
+
+def _linear(linear: nn.Module) -> decoder.Linear:
+    if isinstance(linear, PanelLinear):
+        return decoder.bf16_layer(linear.panels, linear.bias, linear.in_features, linear.out_features)
+    assert isinstance(linear, _PackedLinear), "build() checked that every linear is 8-bit or bf16 panels"
     return decoder.q8_layer(linear.packed, linear.scales, linear.scale_kind, linear.bias, linear.in_features,
                             linear.out_features, linear.columns, linear.column_weights)
 
