@@ -63,9 +63,10 @@ def resolve_quantization(
     quality: a GGUF file's own blocks ("gguf": its Q4/Q8 values exactly, a byte per weight read per
     token instead of bf16's two) where q8_linear runs on AVX512-VNNI on the CPU and one rank holds
     the layers; the checkpoint as it is ("none") everywhere else. Measured on 2 cores with VNNI,
-    SmolLM2-135M's Q4_1 file: 150-199 tokens/s at 1 stream against 46-51 dequantized to bf16,
-    1.07x bf16 at 16 streams, 0.9x at 64; without VNNI the portable kernel was 0.2x bf16 at 16
-    streams (docs/benchmarks.md)."""
+    SmolLM2-135M's Q4_1 file: 162-174 tokens/s at 1 stream against 119-131 dequantized to bf16
+    (on bf16_linear.c, fused), but 0.75-0.9x bf16 at 16 and 64 streams: the blocks win where one
+    chat waits on each token; without VNNI the portable kernel was 0.2x bf16 at 16 streams
+    (docs/benchmarks.md)."""
     if quantization != "auto":
         return quantization
     single = tp is None or not tp.active
