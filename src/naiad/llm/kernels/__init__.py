@@ -41,8 +41,7 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _tried = False
-_vnni: bool | None = None  # what the library says of the CPU, asked once
-_bf16: bool | None = None  # the same for bf16_linear
+_cpu_answers: dict[str, bool] = {}  # what the library's CPU checks said, asked once each
 
 
 def cache_dir() -> Path:
@@ -221,13 +220,17 @@ SCALE_BLOCK_F16, SCALE_BLOCK_F16_MIN = 0, 1
 def has_vnni() -> bool:
     """Whether `q8_linear` runs on AVX512-VNNI here (the CPU has it, the build used it, and
     `NAIAD_LLM_VNNI` is not "0")."""
-    global _vnni
+    return _library_says("q8_has_vnni") and vnni_wanted()
+
+
+def _library_says(check: str) -> bool:
+    """A CPU check of the library's (`q8_has_vnni`, `bf16_linear_supported`); False without it."""
     lib = library()
     if lib is None:
         return False
-    if _vnni is None:
-        _vnni = bool(lib.q8_has_vnni())
-    return _vnni and vnni_wanted()
+    if check not in _cpu_answers:
+        _cpu_answers[check] = bool(getattr(lib, check)())
+    return _cpu_answers[check]
 
 
 def vnni_wanted() -> bool:
@@ -288,15 +291,7 @@ BF16_PANEL = 16
 def has_bf16_linear() -> bool:
     """Whether `bf16_linear` runs here (the CPU has AVX512-BF16 and the build used it), unless
     `NAIAD_LLM_BF16_KERNEL=0` turns it off (bf16 models then keep oneDNN's linears, to compare)."""
-    global _bf16
-    if os.environ.get("NAIAD_LLM_BF16_KERNEL", "1") == "0":
-        return False
-    lib = library()
-    if lib is None:
-        return False
-    if _bf16 is None:
-        _bf16 = bool(lib.bf16_linear_supported())
-    return _bf16
+    return os.environ.get("NAIAD_LLM_BF16_KERNEL", "1") != "0" and _library_says("bf16_linear_supported")
 
 
 def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
