@@ -110,7 +110,7 @@ def _layers(model: LlamaModel) -> list[DecoderLayer]:
 
 
 def _kind(linear: nn.Module) -> str | None:
-    """"q8" or "bf16" for the linears decoder.c runs, None for the others."""
+    """How decoder.c runs `linear`: "q8" (8-bit blocks) or "bf16" (panels); None where it cannot."""
     if isinstance(linear, _PackedLinear):
         return "q8"
     return "bf16" if isinstance(linear, PanelLinear) else None
