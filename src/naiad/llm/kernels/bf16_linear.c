@@ -4,22 +4,24 @@
  *
  * Why not oneDNN: a decode step multiplies one to a few rows by each weight matrix, and there
  * oneDNN's prepacked bf16 GEMV read the weights at 16-22 GB/s on a machine that reads 31 GB/s
- * (torch.sum); this kernel reads them at 25-36 GB/s (1-4 rows), and is as fast or faster up to 64
- * rows (the 123M Llama's shapes, measured side by side; docs/benchmarks.md).
+ * (torch.sum); this kernel reads them at 25-36 GB/s (1-4 rows, 0.50-0.95x oneDNN's time), and is
+ * level with it from 16 to 512 rows (0.85-1.26x, ~450 GFLOP/s from 128 rows: this machine's peak)
+ * on the 123M Llama's shapes, measured side by side (docs/benchmarks.md).
  *
- * Weight layout (cpu_linear.py's `to_panels`, chosen at load so that the inner loop streams through
- * memory, as q8_linear.c's): panels of 16 output channels, `[panels, in_pad / 2, 16, 2]`, i.e. for
- * each pair of inputs, the 16 channels' two weights. One 64-byte load then feeds AVX512-BF16's
- * `vdpbf16ps`, which multiplies 16 pairs by one broadcast pair of x and adds each pair's sum into
- * one of 16 float32 lanes: one lane per output channel, no horizontal sums. `in_pad` is `in`
- * rounded up to even (a zero weight fills it).
+ * Weight layout (kernels.bf16_panels, chosen at load so that the inner loop streams through memory,
+ * as q8_linear.c's): panels of 16 output channels, `[panels, in_pad / 2, 16, 2]`, i.e. for each pair
+ * of inputs, the 16 channels' two weights. One 64-byte load then feeds AVX512-BF16's `vdpbf16ps`,
+ * which multiplies 16 pairs by one broadcast pair of x and adds each pair's sum into one of 16
+ * float32 lanes: one lane per output channel, no horizontal sums. `in_pad` is `in` rounded up to
+ * even (a zero weight fills it).
  *
  * Rows are taken four at a time against two panels (eight sums in registers, each weight load used
- * four times, each broadcast of x twice; for one row, two streams of weights and two chains of
- * sums, where one panel's single chain would wait on vdpbf16ps's latency: 1.1x faster measured).
- * An odd last panel runs alone, its sums in two chains (even and odd pairs). The panels are split over the caller's thread count, run
- * on torch's OpenMP team (thread_pool.c). Each output is computed by one thread in a fixed order:
- * the thread count changes nothing.
+ * four times, each broadcast of x twice). One row alone gets two streams of weights and two chains
+ * of sums that way: +9 % a step at one stream in the engine against one panel in two chains
+ * (docs/benchmarks.md). An odd last panel runs alone, its sums in two chains (even and odd pairs).
+ * Pairs of panels are split over the caller's thread count, run on torch's OpenMP team
+ * (thread_pool.c). Each output is computed by one thread in a fixed order, and panels pair the same
+ * way whatever the split: the thread count changes nothing.
  *
  * Needs AVX512-BF16, checked at run time (bf16_linear_supported); without it the Python side keeps
  * oneDNN's linear.

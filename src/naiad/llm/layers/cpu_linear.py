@@ -1,8 +1,8 @@
 """Linear layers with prepacked weights, for bf16 models on the CPU.
 
 Where the CPU has AVX512-BF16, naiad's own kernel (kernels/bf16_linear.c, `PanelLinear`): decode
-steps multiply a few rows by each weight, and there it reads the weights 1.3-1.6x faster than
-oneDNN's prepacked GEMV below, and keeps up with it to 64 rows. Elsewhere oneDNN's
+steps multiply a few rows by each weight, and there it reads the weights 1.3-2x faster than oneDNN's
+prepacked GEMV below at one row, and is level with it from 16 to 512 rows. Elsewhere oneDNN's
 (`PackedLinear`):
 
 `nn.Linear` hands its weight to oneDNN in the plain row-major layout, which oneDNN reorders
