@@ -82,7 +82,7 @@ def test_wrong_inputs_are_refused() -> None:
     panels = kernels.bf16_panels(weight)
     with pytest.raises(ValueError, match="bf16 x"):
         kernels.bf16_linear(x.float(), panels, None, 32)
-    with pytest.raises(ValueError, match="width"):
+    with pytest.raises(ValueError, match="panels of 18 inputs"):
         kernels.bf16_linear(torch.zeros(2, 18, dtype=torch.bfloat16), panels, None, 32)
     with pytest.raises(ValueError, match="bias"):
         kernels.bf16_linear(x, panels, torch.zeros(31, dtype=torch.bfloat16), 32)

@@ -304,16 +304,23 @@ def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(panels, BF16_PANEL, in_pad // 2, 2).transpose(1, 2).contiguous()
 
 
+def check_bf16_weights(panels: torch.Tensor, bias: torch.Tensor | None, in_features: int, out_features: int) -> None:
+    """ValueError unless `panels` (and `bias`) are what bf16_linear takes for a layer of this shape."""
+    if (panels.dtype != torch.bfloat16 or not panels.is_contiguous() or panels.dim() != 4
+            or panels.shape[1] * 2 != in_features + (in_features & 1) or panels.shape[0] * BF16_PANEL < out_features):
+        raise ValueError(f"bf16_linear takes contiguous bf16 panels of {in_features} inputs and {out_features} outputs")
+    if bias is not None and (bias.dtype != torch.bfloat16 or bias.numel() != out_features or not bias.is_contiguous()):
+        raise ValueError("bf16_linear's bias is a contiguous bf16 vector of the outputs")
+
+
 def bf16_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """`x @ W.T + bias` in bf16 for `W` in `bf16_panels`' layout; call only where `has_bf16_linear()`."""
     x = x.contiguous()
     in_features = x.shape[-1]
     rows = x.numel() // in_features
-    if (x.dtype != torch.bfloat16 or panels.dtype != torch.bfloat16 or not panels.is_contiguous()
-            or panels.shape[1] * 2 != in_features + (in_features & 1) or panels.shape[0] * BF16_PANEL < out_features):
-        raise ValueError(f"bf16_linear takes bf16 x of {in_features} inputs and panels of its width")
-    if bias is not None and (bias.dtype != torch.bfloat16 or bias.numel() != out_features or not bias.is_contiguous()):
-        raise ValueError("bf16_linear's bias is a contiguous bf16 vector of the outputs")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"bf16_linear takes bf16 x, not {x.dtype}")
+    check_bf16_weights(panels, bias, in_features, out_features)
     out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
     status = _lib().bf16_linear(x.data_ptr(), panels.data_ptr(), None if bias is None else bias.data_ptr(),
                                 out.data_ptr(), rows, in_features, out_features, torch.get_num_threads())

@@ -11,7 +11,7 @@ import ctypes
 
 import torch
 
-from naiad.llm.kernels import _DTYPES, _check, _lib, q8_columns, vnni_wanted
+from naiad.llm.kernels import _DTYPES, _check, _lib, check_bf16_weights, q8_columns, vnni_wanted
 
 #: decoder.c's linear kinds
 LINEAR_Q8, LINEAR_BF16 = 0, 1
@@ -93,11 +93,7 @@ def q8_layer(
 
 def bf16_layer(panels: torch.Tensor, bias: torch.Tensor | None, in_features: int, out_features: int) -> Linear:
     """A linear's bf16_linear arguments (see kernels.bf16_linear), kept across calls."""
-    if panels.dtype != torch.bfloat16 or not panels.is_contiguous() or panels.shape[1] * 2 != in_features + (
-            in_features & 1):
-        raise ValueError("bf16_linear takes contiguous bf16 panels of the layer's width")
-    if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
-        raise ValueError("bf16_linear's bias is a contiguous bf16 vector")
+    check_bf16_weights(panels, bias, in_features, out_features)
     return Linear(panels.data_ptr(), None, None if bias is None else bias.data_ptr(), None, None, 0, in_features,
                   panels.shape[1] * 2, out_features, 0, LINEAR_BF16)
 
