@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from naiad.backends.python import messages as p
+from naiad.backends.python.shm import Arena, PendingFrees, SegmentMap
 
 
 def test_messages_round_trip_in_order() -> None:
@@ -57,3 +58,42 @@ def test_bytes_tensors_round_trip() -> None:
     assert restored.shape == (2, 2)
     assert restored.tolist() == values.tolist()
     assert p.deserialize_bytes(p.serialize_bytes(np.array(["ab"], dtype=object)), (1,)).tolist() == [b"ab"]
+
+
+def _carried(ref: p.TensorRef) -> p.TensorRef:
+    """`ref` as the other side decodes it."""
+    left, right = socket.socketpair()
+    sender, receiver = p.Channel(left), p.Channel(right)
+    sender.send(p.Execute(1, [p.Request("r", 0, 0, 0, "{}", [], [ref])]))
+    (carried,) = receiver.recv().requests[0].inputs
+    sender.close()
+    receiver.close()
+    return carried
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(6, dtype=np.float32).reshape(2, 3),
+    np.arange(12, dtype=np.int64).reshape(3, 4)[:, ::2],  # not contiguous
+    np.zeros((0, 16), np.float32),
+    np.array([b"a", b"", b"xyz"], dtype=object),
+], ids=["fp32", "strided", "empty", "bytes"])
+def test_small_tensors_travel_in_the_message_and_arrive_writable(array: np.ndarray) -> None:
+    arena = Arena("test", lambda segment, fd, size: None)
+    datatype = "BYTES" if array.dtype == object else {"float32": "FP32", "int64": "INT64"}[array.dtype.name]
+    ref = p.tensor_ref(arena, "IN", datatype, array)
+    array_before = array.copy()
+    if datatype != "BYTES":
+        array[...] = 7  # the sender changes its array afterwards: the message holds a copy
+    got = p.tensor_array(SegmentMap(PendingFrees()), _carried(ref), array.dtype)
+    assert ref.segment == p.INLINE and arena.in_use() == 0
+    assert got.shape == array_before.shape and got.tolist() == array_before.tolist()
+    if datatype != "BYTES":
+        assert got.flags.writeable  # as a view of shared memory is: models may work in place
+
+
+def test_tensors_over_the_inline_limit_go_through_the_arena() -> None:
+    arena = Arena("test", lambda segment, fd, size: None)
+    array = np.arange(p.INLINE_MAX // 4 + 1, dtype=np.float32)
+    ref = p.tensor_ref(arena, "IN", "FP32", array)
+    assert ref.segment >= 0 and ref.nbytes == array.nbytes and not ref.data
+    assert arena.in_use() == 1

@@ -35,11 +35,10 @@ class FakeServer:
         self.segments = SegmentMap(PendingFrees())
         self.arena = Arena("test-server", lambda seg, fd, size: self.channel.send(p.Segment(seg, size), fds=(fd,)))
 
-    def execute(self, batch: int, request_ids: list[str]) -> None:
+    def execute(self, batch: int, request_ids: list[str], size: int = 4) -> None:
         requests = []
         for request_id in request_ids:
-            segment, offset, nbytes = self.arena.write(np.arange(4, dtype=np.int32))
-            ref = p.TensorRef("IN", "INT32", [4], segment, offset, nbytes)
+            ref = p.tensor_ref(self.arena, "IN", "INT32", np.arange(size, dtype=np.int32))
             requests.append(p.Request(request_id, 0, 0, 0, "{}", ["OUT"], [ref]))
         self.channel.send(p.Execute(batch, requests))
 
@@ -71,7 +70,7 @@ def _serve(stub: Stub) -> threading.Thread:
     return thread
 
 
-def test_inputs_are_views_of_the_server_s_memory_and_outputs_come_back(stub: tuple[Stub, FakeServer]) -> None:
+def test_small_outputs_come_back_in_the_message(stub: tuple[Stub, FakeServer]) -> None:
     model_process, server = stub
     _serve(model_process)
     server.execute(1, ["a"])
@@ -79,8 +78,24 @@ def test_inputs_are_views_of_the_server_s_memory_and_outputs_come_back(stub: tup
     assert isinstance(answer, p.Executed) and answer.error is None
     (response,) = answer.responses
     (out,) = response.outputs
-    array = server.segments.array(out.segment, out.offset, out.nbytes, np.dtype(np.int32), tuple(out.shape))
-    assert array.tolist() == [0, 1, 2, 3]
+    assert out.segment == p.INLINE
+    assert p.tensor_array(server.segments, out, np.dtype(np.int32)).tolist() == [0, 1, 2, 3]
+    assert model_process.arena.in_use() == 0  # nothing of the stub's arena was taken
+    server.channel.send(p.Shutdown())
+
+
+def test_large_outputs_come_back_through_the_arena(stub: tuple[Stub, FakeServer]) -> None:
+    model_process, server = stub
+    _serve(model_process)
+    size = p.INLINE_MAX // 4 + 1
+    server.execute(1, ["a"], size)
+    answer = server.next()
+    assert isinstance(answer, p.Executed) and answer.error is None
+    (out,) = answer.responses[0].outputs
+    assert out.segment >= 0 and out.nbytes == 4 * size
+    array = p.tensor_array(server.segments, out, np.dtype(np.int32))
+    assert np.array_equal(array, np.arange(size, dtype=np.int32))
+    assert model_process.arena.in_use() == 1  # a view of it is alive here: the block is not back yet
     server.channel.send(p.Shutdown())
 
 

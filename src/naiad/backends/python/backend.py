@@ -40,7 +40,6 @@ from naiad.backends.python import messages as p
 from naiad.backends.python.custom_metrics import InstanceMetrics
 from naiad.backends.python.environment import python_for
 from naiad.backends.python.process import StubProcess, log_from_model
-from naiad.backends.python.shm import Arena
 from naiad.config.model_config import config_from_json, config_to_json
 from naiad.errors import InternalError, InvalidArgument, NaiadError, Status, Unavailable
 from naiad.types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
@@ -326,7 +325,7 @@ class PythonInstance(ModelInstance):
             self._traces[trace] = request.trace
         arena = process.arena
         assert arena is not None  # set when the process started
-        inputs = [_write(arena, tensor.name, tensor.datatype, tensor.data) for tensor in request.inputs]
+        inputs = [p.tensor_ref(arena, tensor.name, tensor.datatype, tensor.data) for tensor in request.inputs]
         return p.Request(request.id, correlation_id, flags, timeout, custom, outputs, inputs, trace)
 
     # -- messages from the model process (reader thread) -------------------------------------
@@ -497,22 +496,11 @@ def _status(name: str) -> Status:
         return Status.INTERNAL
 
 
-def _write(arena: Arena, name: str, datatype: DataType, data: np.ndarray) -> p.TensorRef:
-    if datatype is DataType.BYTES:
-        segment, offset, nbytes = arena.write_bytes(p.serialize_bytes(data))
-    else:
-        segment, offset, nbytes = arena.write(data)
-    return p.TensorRef(name, datatype, list(data.shape), segment, offset, nbytes)
-
-
 _NUMPY_TYPES = {datatype.value: datatype.numpy for datatype in DataType}  # by wire name, no enum call
 
 
 def _array(process: StubProcess, ref: p.TensorRef) -> np.ndarray:
-    shape = tuple(ref.shape)
-    if ref.datatype == "BYTES":
-        return p.deserialize_bytes(process.segments.view(ref.segment, ref.offset, ref.nbytes), shape)
-    return process.segments.array(ref.segment, ref.offset, ref.nbytes, _NUMPY_TYPES[ref.datatype], shape)
+    return p.tensor_array(process.segments, ref, _NUMPY_TYPES[ref.datatype])
 
 
 def _outputs(process: StubProcess, response: p.Response) -> ParameterizedOutputs:
@@ -552,7 +540,7 @@ def _bls_response(process: StubProcess, call: int, response: InferResponse) -> p
         return p.Response(call, 0, [], str(error), status, final=response.final)
     arena = process.arena
     assert arena is not None  # set when the process started
-    outputs = [_write(arena, t.name, t.datatype, t.data) for t in response.outputs]
+    outputs = [p.tensor_ref(arena, t.name, t.datatype, t.data) for t in response.outputs]
     parameters = json.dumps(response.parameters) if response.parameters else "{}"
     return p.Response(call, 0, outputs, parameters=parameters, final=response.final)
 

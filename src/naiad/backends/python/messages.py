@@ -1,10 +1,10 @@
 """Messages between the server and a Python model's process, and the socket they travel on.
 
 Control messages are msgspec msgpack structs, length-prefixed on a Unix stream socket; tensor
-payloads never travel here, only where they lie in shared memory (`TensorRef`). New shared-memory
-segments travel as file descriptors attached to their `Segment` message. Messages carry the
-locations the sender has finished reading (`frees`, flat [segment, offset, ...]) so the other
-side can reuse them without a message of their own.
+payloads over `INLINE_MAX` bytes never travel here, only where they lie in shared memory
+(`TensorRef`). New shared-memory segments travel as file descriptors attached to their `Segment`
+message. Messages carry the locations the sender has finished reading (`frees`, flat [segment,
+offset, ...]) so the other side can reuse them without a message of their own.
 
 Imports only the standard library, numpy and msgspec: it runs inside model processes too.
 """
@@ -19,19 +19,29 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
+
+if TYPE_CHECKING:
+    from naiad.backends.python.shm import Arena, SegmentMap
 
 _LENGTH = struct.Struct("<I")
 _READ_SIZE = 1 << 18
 _ANCILLARY = socket.CMSG_SPACE(16 * 4)  # room for the descriptors of a few segments
 
 
+#: Tensors of up to this many bytes travel inside their message (`TensorRef.data`), not through
+#: the arena: for a small tensor the arena's allocation, the reader's view and its finalizer, and
+#: the location sent back to be freed cost more than copying the bytes twice.
+INLINE_MAX = 16 * 1024
+INLINE = -2  # the `segment` of a tensor carried in its message
+
+
 class TensorRef(msgspec.Struct, array_like=True):
-    """A tensor in the sender's arena. BYTES tensors hold Triton's serialized form there
-    (4-byte little-endian length before each element)."""
+    """A tensor in the sender's arena, or (segment INLINE) in `data`. BYTES tensors are in
+    Triton's serialized form (4-byte little-endian length before each element)."""
 
     name: str
     datatype: str  # V2 name: FP32, BYTES, ...
@@ -39,6 +49,7 @@ class TensorRef(msgspec.Struct, array_like=True):
     segment: int
     offset: int
     nbytes: int
+    data: bytearray = msgspec.field(default_factory=bytearray)  # a bytearray: the reader's array is writable
 
 
 class Request(msgspec.Struct, array_like=True):
@@ -331,6 +342,38 @@ def pairs(flat: list[int]) -> list[tuple[int, int]]:
     return list(zip(flat[::2], flat[1::2], strict=True))
 
 
+# -- tensors across the boundary -------------------------------------------------------------
+
+
+def tensor_ref(arena: Arena, name: str, datatype: str, array: np.ndarray) -> TensorRef:
+    """`array` for the other side: copied into the message when small, else into `arena`."""
+    shape = list(array.shape)
+    if datatype == "BYTES":
+        payload = serialize_bytes(array)
+        if len(payload) <= INLINE_MAX:
+            return TensorRef(name, datatype, shape, INLINE, 0, len(payload), payload)  # type: ignore[arg-type]
+        segment, offset, nbytes = arena.write_bytes(payload)
+    elif array.nbytes <= INLINE_MAX:
+        # A copy now, not a view: the model may reuse its output buffer before the message goes.
+        return TensorRef(name, datatype, shape, INLINE, 0, array.nbytes, array.tobytes())  # type: ignore[arg-type]
+    else:
+        segment, offset, nbytes = arena.write(array)
+    return TensorRef(name, datatype, shape, segment, offset, nbytes)
+
+
+def tensor_array(segments: SegmentMap, ref: TensorRef, dtype: np.dtype[Any]) -> np.ndarray:
+    """The array `tensor_ref` sent (`dtype`: its numpy type; unused for BYTES). Arena tensors
+    are views of the other side's segment, given back once the last array over them is gone."""
+    shape = tuple(ref.shape)
+    if ref.segment == INLINE:
+        if ref.datatype == "BYTES":
+            return deserialize_bytes(ref.data, shape)
+        return np.frombuffer(ref.data, dtype).reshape(shape)
+    if ref.datatype == "BYTES":
+        return deserialize_bytes(segments.view(ref.segment, ref.offset, ref.nbytes), shape)  # copies out
+    return segments.array(ref.segment, ref.offset, ref.nbytes, dtype, shape)
+
+
 # -- BYTES tensors ---------------------------------------------------------------------------
 
 
@@ -344,7 +387,7 @@ def serialize_bytes(array_: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def deserialize_bytes(buffer: memoryview | bytes | np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def deserialize_bytes(buffer: memoryview | bytes | bytearray | np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The object array of `bytes` that `serialize_bytes` wrote."""
     data = bytes(buffer)
     count = int(np.prod(shape)) if shape else 1

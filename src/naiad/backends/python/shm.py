@@ -1,4 +1,5 @@
-"""Shared memory between the server and a Python model's process, one arena per direction.
+"""Shared memory between the server and a Python model's process, one arena per direction, for
+tensors over `messages.INLINE_MAX` bytes (smaller ones travel inside their message).
 
 Each side writes only into its own `Arena` (memfd segments, sent to the other side as file
 descriptors over the control socket, so nothing is left in /dev/shm when a process dies) and

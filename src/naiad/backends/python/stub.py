@@ -44,6 +44,7 @@ _NUMPY_TYPES = {name: np.dtype(pb_utils.triton_string_to_numpy("TYPE_" + name)) 
                 ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
                  "FP64")}
 _NUMPY_TYPES["BF16"] = np.dtype(np.uint16)  # numpy has no bfloat16: the raw bits
+_NUMPY_TYPES["BYTES"] = np.dtype(object)  # (BYTES tensors are not viewed as one dtype: see p.tensor_array)
 _TYPE_CODES = {"BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7, "INT32": 8,
                "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14}
 _TYPE_NAMES = {code: name for name, code in _TYPE_CODES.items()}  # TRITONSERVER_DataType -> KServe name
@@ -408,20 +409,11 @@ class Stub:
             decoupled=self.decoupled, trace=_trace(request.trace))
 
     def _array(self, ref: p.TensorRef) -> np.ndarray:
-        shape = tuple(ref.shape)
-        if ref.datatype == "BYTES":
-            block = self.segments.view(ref.segment, ref.offset, ref.nbytes)
-            return p.deserialize_bytes(block, shape)  # copies out: the block goes back at once
-        return self.segments.array(ref.segment, ref.offset, ref.nbytes, _NUMPY_TYPES[ref.datatype], shape)
+        return p.tensor_array(self.segments, ref, _NUMPY_TYPES[ref.datatype])
 
     def _write(self, tensor: Tensor) -> p.TensorRef:
-        """A tensor into the arena, for the server; its datatype is the one its Tensor() found."""
-        array, datatype = tensor.as_numpy(), _TYPE_NAMES[tensor.triton_dtype()]
-        if datatype == "BYTES":
-            segment, offset, nbytes = self.arena.write_bytes(p.serialize_bytes(array))
-        else:
-            segment, offset, nbytes = self.arena.write(array)
-        return p.TensorRef(tensor.name(), datatype, list(array.shape), segment, offset, nbytes)
+        """A tensor for the server; its datatype is the one its Tensor() found."""
+        return p.tensor_ref(self.arena, tensor.name(), _TYPE_NAMES[tensor.triton_dtype()], tensor.as_numpy())
 
     def _from_response(self, batch: int, index: int, response: Any, final: bool) -> p.Response:
         if response is None:
