@@ -275,14 +275,20 @@ class Channel:
         self.sock.setblocking(False)
 
     def recv_ready(self) -> list[Message]:
-        """Every whole message that can be read without blocking (non-blocking socket); raises
-        ChannelClosed at end of stream, after the messages before it were returned."""
+        """The whole messages that are here now (non-blocking socket), for an event loop that
+        calls again while the socket stays readable (asyncio's readers are level-triggered);
+        raises ChannelClosed at end of stream, after the messages before it were returned."""
         messages: list[Message] = []
+        drained = False
         while True:
             while self.has_frame():
                 messages.append(self.recv())
+            if drained:
+                # The last read took less than it was offered: the socket was empty, and reading
+                # again would only fail (EAGAIN). Bytes that arrive later wake the loop again.
+                return messages
             try:
-                self._fill(4)
+                drained = self._fill(4)
             except BlockingIOError:
                 return messages
             except ChannelClosed:
@@ -295,8 +301,9 @@ class Channel:
         """The descriptor that came with the `Segment` message just received."""
         return self._fds.popleft()
 
-    def _fill(self, need: int) -> None:
-        """Read more bytes, first making room for a frame of `need` bytes from `_start`."""
+    def _fill(self, need: int) -> bool:
+        """Read more bytes, first making room for a frame of `need` bytes from `_start`; True
+        when the read took less than the room it was offered (the socket had no more)."""
         if len(self._in) - self._start < max(need, _READ_SIZE // 4):
             pending = self._in[self._start : self._end]
             size = max(_READ_SIZE, 2 * need)
@@ -307,6 +314,7 @@ class Channel:
             self._start, self._end = 0, len(pending)
         if self._closed:
             raise ChannelClosed("the other side closed the connection")
+        room = len(self._in) - self._end
         try:
             with memoryview(self._in) as view:
                 count, ancillary, _, _ = self.sock.recvmsg_into([view[self._end :]], _ANCILLARY)
@@ -322,6 +330,7 @@ class Channel:
                 fds = array.array("i")
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
                 self._fds.extend(fds)
+        return count < room
 
     def close(self) -> None:
         # Once, under a lock: the exit handler (on the event loop) and an unloading thread both

@@ -299,6 +299,8 @@ class Stub:
             return False
 
     def _free(self, flat: list[int]) -> None:
+        if not flat:
+            return  # (most messages: small tensors travel inline and take no arena space)
         for segment, offset in p.pairs(flat):
             self.arena.free(segment, offset)
 
