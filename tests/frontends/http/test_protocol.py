@@ -169,6 +169,43 @@ def test_an_idle_keep_alive_connection_is_closed():
     assert asyncio.run(main()).closed
 
 
+def test_the_read_deadline_counts_from_each_request_s_first_byte():
+    """The read timer is lazy: armed for one request, it must neither cut off a later request
+    early (it re-arms for that one's own deadline) nor close a connection idle between requests."""
+    async def main() -> tuple[FakeTransport, list[bool]]:
+        transport = FakeTransport()
+        protocol = HttpProtocol(_echo_path, 1 << 20, Connections(), read_timeout=0.1)
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")  # armed at 0 (and the connection's)
+        await asyncio.sleep(0.06)
+        protocol.data_received(b"GET /b HTTP/1.1\r\n")  # begun at 0.06: due at 0.16, not at 0.1
+        closed = []
+        await asyncio.sleep(0.07)  # 0.13: the first arming has fired and found time left
+        closed.append(transport.closed)
+        await asyncio.sleep(0.12)  # 0.25: past this request's deadline
+        closed.append(transport.closed)
+        return transport, closed
+
+    transport, closed = asyncio.run(main())
+    assert closed == [False, True]
+    assert transport.data.count(b"HTTP/1.1 200") == 1 and b"HTTP/1.1 408" in transport.data
+
+
+def test_a_keep_alive_connection_between_requests_is_not_cut_off_by_the_read_timer():
+    async def main() -> FakeTransport:
+        transport = FakeTransport()
+        protocol = HttpProtocol(_echo_path, 1 << 20, Connections(), read_timeout=0.05)
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0.15)  # idle well past the read timeout: that is the idle timeout's business
+        protocol.data_received(b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0.02)
+        return transport
+
+    transport = asyncio.run(main())
+    assert not transport.closed and transport.data.count(b"HTTP/1.1 200") == 2
+
+
 class _Later:
     """A dispatch_now that answers /now inside the call, /later from a later loop callback (as
     an inference's response arrives), and hands anything else to the task path."""
