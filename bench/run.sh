@@ -12,6 +12,8 @@ run .venv/bin/python bench/identity.py "$@"
 run .venv/bin/python bench/batching.py
 # Python backend: the same model.py files (identity, MLP via onnxruntime) on naiad and Triton (c=1..32).
 run .venv/bin/python bench/python_backend.py
+# Where one Python-backend request's CPU goes (issue 21): a floor, then naiad's HTTP layer, codec, core and Python backend, beside Triton (c=1).
+run .venv/bin/python bench/request_budget.py --triton
 # Ensemble: minilm_embed (tokenizer -> MiniLM encoder -> pooling) at c=32 vs the same three steps in-process.
 run .venv/bin/python bench/ensemble.py
 # Backends: each CPU backend's throughput on the same MLP at c=32 vs its framework in-process.
