@@ -17,7 +17,8 @@ For each rung: inferences/s, the server process tree's CPU-µs per inference (fr
 and child together), and the step from the rung before. Rungs alternate within each round
 (`--rounds`, medians shown), so a machine that speeds up or slows down mid-run moves every rung.
 Rungs 1-3 are `bench/request_budget_server.py`. Needs `bash bench/setup_peers.sh` (perf_analyzer;
-Triton for `--triton`).
+Triton for `--triton`). Rewrites bench/python_backend.py's repositories with py_identity alone
+(that benchmark writes its own again each run).
 """
 
 from __future__ import annotations
