@@ -80,7 +80,7 @@ def _carried(ref: p.TensorRef) -> p.TensorRef:
 def test_small_tensors_travel_in_the_message_and_arrive_writable(array: np.ndarray) -> None:
     arena = Arena("test", lambda segment, fd, size: None)
     datatype = "BYTES" if array.dtype == object else {"float32": "FP32", "int64": "INT64"}[array.dtype.name]
-    ref = p.tensor_ref(arena, "IN", datatype, array)
+    ref = p.tensor_ref(arena, "IN", datatype, array, p.InlineRoom())
     array_before = array.copy()
     if datatype != "BYTES":
         array[...] = 7  # the sender changes its array afterwards: the message holds a copy
@@ -94,6 +94,21 @@ def test_small_tensors_travel_in_the_message_and_arrive_writable(array: np.ndarr
 def test_tensors_over_the_inline_limit_go_through_the_arena() -> None:
     arena = Arena("test", lambda segment, fd, size: None)
     array = np.arange(p.INLINE_MAX // 4 + 1, dtype=np.float32)
-    ref = p.tensor_ref(arena, "IN", "FP32", array)
+    ref = p.tensor_ref(arena, "IN", "FP32", array, p.InlineRoom())
     assert ref.segment >= 0 and ref.nbytes == array.nbytes and not ref.data
     assert arena.in_use() == 1
+
+
+def test_one_message_carries_at_most_its_inline_room_and_the_rest_goes_through_the_arena() -> None:
+    """A batch of many small tensors must not make one message that outgrows the socket's buffer
+    (the server's event loop would wait on a busy model process to read it)."""
+    arena = Arena("test", lambda segment, fd, size: None)
+    room = p.InlineRoom()
+    row = np.zeros(p.INLINE_MAX // 4, np.float32)  # INLINE_MAX bytes each
+    refs = [p.tensor_ref(arena, f"IN{i}", "FP32", row, room) for i in range(p.MESSAGE_INLINE_MAX // p.INLINE_MAX + 2)]
+    inline = [ref for ref in refs if ref.segment == p.INLINE]
+    assert sum(ref.nbytes for ref in inline) == p.MESSAGE_INLINE_MAX and len(inline) == len(refs) - 2
+    assert arena.in_use() == 2
+    left, right = socket.socketpair()
+    with left, right:  # two messages in flight fit the buffer a model process's socket has
+        assert left.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) > 2 * p.MESSAGE_INLINE_MAX

@@ -38,7 +38,7 @@ class FakeServer:
     def execute(self, batch: int, request_ids: list[str], size: int = 4) -> None:
         requests = []
         for request_id in request_ids:
-            ref = p.tensor_ref(self.arena, "IN", "INT32", np.arange(size, dtype=np.int32))
+            ref = p.tensor_ref(self.arena, "IN", "INT32", np.arange(size, dtype=np.int32), p.InlineRoom())
             requests.append(p.Request(request_id, 0, 0, 0, "{}", ["OUT"], [ref]))
         self.channel.send(p.Execute(batch, requests))
 

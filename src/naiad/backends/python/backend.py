@@ -281,7 +281,8 @@ class PythonInstance(ModelInstance):
         batch_id = next(self._ids)
         pending = _Pending(batch_id, batch, sender)
         try:
-            requests = [self._request(process, request) for request in batch.requests]
+            room = p.InlineRoom()  # one Execute message
+            requests = [self._request(process, request, room) for request in batch.requests]
             self._pending[batch_id] = pending  # one dict store: atomic, and _on_exit swaps the dict under the lock
             process.send_soon(p.Execute(batch_id, requests, process.take_frees()), self._call_soon)
         except BaseException as error:
@@ -308,7 +309,7 @@ class PythonInstance(ModelInstance):
     def set_on_room(self, callback: Callable[[], None]) -> None:
         self._on_room = callback
 
-    def _request(self, process: StubProcess, request: InferRequest) -> p.Request:
+    def _request(self, process: StubProcess, request: InferRequest, room: p.InlineRoom) -> p.Request:
         parameters = request.parameters
         correlation_id, flags, timeout, custom = 0, 0, 0, "{}"
         if parameters:
@@ -325,7 +326,7 @@ class PythonInstance(ModelInstance):
             self._traces[trace] = request.trace
         arena = process.arena
         assert arena is not None  # set when the process started
-        inputs = [p.tensor_ref(arena, tensor.name, tensor.datatype, tensor.data) for tensor in request.inputs]
+        inputs = [p.tensor_ref(arena, tensor.name, tensor.datatype, tensor.data, room) for tensor in request.inputs]
         return p.Request(request.id, correlation_id, flags, timeout, custom, outputs, inputs, trace)
 
     # -- messages from the model process (reader thread) -------------------------------------
@@ -540,7 +541,8 @@ def _bls_response(process: StubProcess, call: int, response: InferResponse) -> p
         return p.Response(call, 0, [], str(error), status, final=response.final)
     arena = process.arena
     assert arena is not None  # set when the process started
-    outputs = [p.tensor_ref(arena, t.name, t.datatype, t.data) for t in response.outputs]
+    room = p.InlineRoom()  # one BlsReply message
+    outputs = [p.tensor_ref(arena, t.name, t.datatype, t.data, room) for t in response.outputs]
     parameters = json.dumps(response.parameters) if response.parameters else "{}"
     return p.Response(call, 0, outputs, parameters=parameters, final=response.final)
 

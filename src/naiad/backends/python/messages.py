@@ -36,7 +36,21 @@ _ANCILLARY = socket.CMSG_SPACE(16 * 4)  # room for the descriptors of a few segm
 #: the arena: for a small tensor the arena's allocation, the reader's view and its finalizer, and
 #: the location sent back to be freed cost more than copying the bytes twice.
 INLINE_MAX = 16 * 1024
+#: ... and at most this many bytes of them per message, the rest through the arena: the server's
+#: event loop writes `Execute` messages while the model process executes the batch before (two
+#: in flight), so two messages must fit the socket's buffer (208 KiB by default on Linux) or the
+#: loop would wait for the model to finish before it could serve anyone else.
+MESSAGE_INLINE_MAX = 64 * 1024
 INLINE = -2  # the `segment` of a tensor carried in its message
+
+
+class InlineRoom:
+    """What one message may still carry inline (`MESSAGE_INLINE_MAX` to begin with)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MESSAGE_INLINE_MAX
 
 
 class TensorRef(msgspec.Struct, array_like=True):
@@ -354,15 +368,19 @@ def pairs(flat: list[int]) -> list[tuple[int, int]]:
 # -- tensors across the boundary -------------------------------------------------------------
 
 
-def tensor_ref(arena: Arena, name: str, datatype: str, array: np.ndarray) -> TensorRef:
-    """`array` for the other side: copied into the message when small, else into `arena`."""
+def tensor_ref(arena: Arena, name: str, datatype: str, array: np.ndarray, room: InlineRoom) -> TensorRef:
+    """`array` for the other side: copied into its message (whose inline `room` it takes) when
+    small and the message has room, else into `arena`."""
     shape = list(array.shape)
     if datatype == "BYTES":
         payload = serialize_bytes(array)
-        if len(payload) <= INLINE_MAX:
-            return TensorRef(name, datatype, shape, INLINE, 0, len(payload), payload)  # type: ignore[arg-type]
+        size = len(payload)
+        if size <= INLINE_MAX and size <= room.left:
+            room.left -= size
+            return TensorRef(name, datatype, shape, INLINE, 0, size, payload)  # type: ignore[arg-type]
         segment, offset, nbytes = arena.write_bytes(payload)
-    elif array.nbytes <= INLINE_MAX:
+    elif array.nbytes <= INLINE_MAX and array.nbytes <= room.left:
+        room.left -= array.nbytes
         # A copy now, not a view: the model may reuse its output buffer before the message goes.
         return TensorRef(name, datatype, shape, INLINE, 0, array.nbytes, array.tobytes())  # type: ignore[arg-type]
     else:

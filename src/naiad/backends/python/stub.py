@@ -361,13 +361,14 @@ class Stub:
                 "Number of InferenceResponse objects do not match number of InferenceRequest objects. "
                 f"InferenceRequest(s) size is:{count}, and InferenceResponse(s) size is:{len(result)}")
         responses = []
+        room = p.InlineRoom()  # one Executed message
         for index, response in enumerate(result):
             if not isinstance(response, pb_utils.InferenceResponse):
                 return pb_utils.TritonModelException("Expected an 'InferenceResponse' object in the execute "
                                                      f"function return list, found type '{type(response)}'.")
             if wanted[index]:
                 response._prune(wanted[index])
-            responses.append(self._from_response(batch, index, response, True))
+            responses.append(self._from_response(batch, index, response, True, room))
         return responses
 
     def _executed(self, batch: int, responses: list[p.Response] | BaseException, error: BaseException | None,
@@ -413,18 +414,19 @@ class Stub:
     def _array(self, ref: p.TensorRef) -> np.ndarray:
         return p.tensor_array(self.segments, ref, _NUMPY_TYPES[ref.datatype])
 
-    def _write(self, tensor: Tensor) -> p.TensorRef:
+    def _write(self, tensor: Tensor, room: p.InlineRoom) -> p.TensorRef:
         """A tensor for the server; its datatype is the one its Tensor() found."""
-        return p.tensor_ref(self.arena, tensor.name(), _TYPE_NAMES[tensor.triton_dtype()], tensor.as_numpy())
+        return p.tensor_ref(self.arena, tensor.name(), _TYPE_NAMES[tensor.triton_dtype()], tensor.as_numpy(), room)
 
-    def _from_response(self, batch: int, index: int, response: Any, final: bool) -> p.Response:
+    def _from_response(self, batch: int, index: int, response: Any, final: bool,
+                       room: p.InlineRoom) -> p.Response:
         if response is None:
             return p.Response(batch, index, [], final=final)
         if response.has_error():
             error = response.error()
             return p.Response(batch, index, [], error.message(), _STATUS_BY_CODE.get(error.code(), "INTERNAL"),
                               final=final)
-        outputs = [self._write(tensor) for tensor in response.output_tensors()]
+        outputs = [self._write(tensor, room) for tensor in response.output_tensors()]
         parameters = response.parameters()
         return p.Response(batch, index, outputs, parameters=parameters or "{}", final=final)
 
@@ -443,7 +445,7 @@ class Stub:
     def send(self, handle: object, response: Any, flags: int) -> None:
         assert isinstance(handle, _Handle)
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        message = self._from_response(handle.batch, handle.index, response, final)
+        message = self._from_response(handle.batch, handle.index, response, final, p.InlineRoom())
         self.metrics.send([p.Sent([message], p.flat_frees(self.frees.take()))])
 
     def is_cancelled(self, handle: object) -> bool:
@@ -453,7 +455,8 @@ class Stub:
 
     def _bls_call(self, request: Any, decoupled: bool) -> tuple[int, p.BlsCall]:
         call = next(self._call_ids)
-        inputs = [self._write(tensor) for tensor in request.inputs()]
+        room = p.InlineRoom()  # one BlsCall message
+        inputs = [self._write(tensor, room) for tensor in request.inputs()]
         parameters = request.parameters()
         message = p.BlsCall(
             call, request.model_name(), int(request.model_version()),
