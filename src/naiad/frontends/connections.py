@@ -99,7 +99,9 @@ def fit_open_files(limit: int) -> int:
 
 
 class IdleTimer:
-    """Calls `on_expiry` once a connection has been idle for `timeout` seconds (0: never).
+    """Calls `on_expiry` once a connection has been idle for `timeout` seconds (0: never). The
+    HTTP protocol also times its read deadline with one: there `idle()` starts a wait for a
+    request's bytes and `busy()` ends it.
 
     Lazy, because connections turn busy and idle once per request: `busy()` and `idle()` are
     stores, and the one timer is armed only when none is, re-arming itself for the rest when

@@ -119,10 +119,9 @@ class HttpProtocol(asyncio.Protocol):
         self.max_body = max_body
         self.connections = connections
         self.read_timeout = read_timeout  # seconds; 0: wait for slow clients for ever
-        # The read timer is lazy (like IdleTimer): requests start and end a wait each, so those are
-        # stores; the one timer, armed only when none is, re-arms itself for a later wait.
-        self.deadline: asyncio.TimerHandle | None = None
-        self.wait_since = 0.0  # loop time a request's first byte (or the connection) came; 0: none
+        # Times each wait for a request's bytes (--http-read-timeout-secs) with the idle timer's
+        # lazy mechanism: `idle()` starts a wait and `busy()` ends it, stores per request.
+        self.read_timer = IdleTimer(read_timeout, self._read_timed_out)
         self.reading = False  # a request's first byte is in, its last is not
         self.in_head = False  # a request's line and headers are being received
         self.head_size = 0  # bytes of whole reads spent on the current head
@@ -158,10 +157,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.limit is not None:
             self.limit.release(self)
         self.idle_timer.cancel()
-        self._disarm()
-        if self.deadline is not None:
-            self.deadline.cancel()
-            self.deadline = None
+        self.read_timer.cancel()
         self.queue.clear()
         if self.task is not None:
             self.task.cancel()  # nobody is left to read the answer
@@ -173,7 +169,7 @@ class HttpProtocol(asyncio.Protocol):
         # its last reference, not at the next cyclic garbage collection (a client opening a
         # connection per request left ~20 objects a request to it).
         self.parser = _CLOSED_PARSER
-        self.idle_timer.on_expiry = _nothing
+        self.idle_timer.on_expiry = self.read_timer.on_expiry = _nothing
 
     def pause_writing(self) -> None:
         self.writable.clear()
@@ -224,7 +220,7 @@ class HttpProtocol(asyncio.Protocol):
             self.idle_timer.busy()
             if self.limit is not None:
                 self.limit.busy(self)
-        if not self.wait_since:
+        if not self.read_timer.since:  # else the connection's wait for its first request goes on
             self._arm()
 
     def on_url(self, url: bytes) -> None:
@@ -290,14 +286,10 @@ class HttpProtocol(asyncio.Protocol):
     # -- slow clients --------------------------------------------------------------------------
 
     def _arm(self) -> None:
-        if self.read_timeout > 0:
-            loop = asyncio.get_running_loop()
-            self.wait_since = loop.time()
-            if self.deadline is None:
-                self.deadline = loop.call_at(self.wait_since + self.read_timeout, self._read_timed_out)
+        self.read_timer.idle()
 
     def _disarm(self) -> None:
-        self.wait_since = 0.0  # an armed timer finds no wait and lapses
+        self.read_timer.busy()
 
     def _went_idle(self) -> None:
         """No request in hand: the idle timeout runs, and the connection may make room for another."""
@@ -310,14 +302,6 @@ class HttpProtocol(asyncio.Protocol):
         self.close()
 
     def _read_timed_out(self) -> None:
-        self.deadline = None
-        if not self.wait_since:
-            return  # the wait it was armed for is over; the next one arms it again
-        loop = asyncio.get_running_loop()
-        due = self.wait_since + self.read_timeout
-        if loop.time() < due:  # armed for an earlier wait: this one has time left
-            self.deadline = loop.call_at(due, self._read_timed_out)
-            return
         if self.busy:
             # A pipelined request waits while we answer the one before: the wait is ours.
             self._arm()
