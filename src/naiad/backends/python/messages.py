@@ -224,6 +224,7 @@ class Channel:
         self._out = bytearray()  # reused for every frame (under the send lock)
         # Incoming bytes land in one reused buffer between _start and _end: no allocation per read.
         self._in = bytearray(_READ_SIZE)
+        self._view = memoryview(self._in)  # (kept: one view per buffer, not one per read; _fill replaces both)
         self._start = 0
         self._end = 0
         self._fds: collections.deque[int] = collections.deque()
@@ -246,10 +247,14 @@ class Channel:
                     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
                     sent = self._retry(self.sock.sendmsg, [out], ancillary)
                 else:
-                    sent = self._retry(self.sock.send, out)
-                with memoryview(out) as view:
-                    while sent < len(out):
-                        sent += self._retry(self.sock.send, view[sent:])
+                    try:
+                        sent = self.sock.send(out)  # most writes: all of it at once
+                    except BlockingIOError:
+                        sent = 0
+                if sent < len(out):
+                    with memoryview(out) as view:
+                        while sent < len(out):
+                            sent += self._retry(self.sock.send, view[sent:])
             except OSError as error:
                 raise ChannelClosed(str(error)) from error
 
@@ -276,8 +281,7 @@ class Channel:
                 need += length
                 if available >= need:
                     begin = self._start + 4
-                    with memoryview(self._in) as view:
-                        message = self._decoder.decode(view[begin : begin + length])
+                    message = self._decoder.decode(self._view[begin : begin + length])
                     self._start = begin + length
                     if self._start == self._end:
                         self._start = self._end = 0
@@ -324,14 +328,13 @@ class Channel:
             if size != len(self._in) or self._start:
                 grown = bytearray(size)
                 grown[: len(pending)] = pending
-                self._in = grown
+                self._in, self._view = grown, memoryview(grown)
             self._start, self._end = 0, len(pending)
         if self._closed:
             raise ChannelClosed("the other side closed the connection")
         room = len(self._in) - self._end
         try:
-            with memoryview(self._in) as view:
-                count, ancillary, _, _ = self.sock.recvmsg_into([view[self._end :]], _ANCILLARY)
+            count, ancillary, _, _ = self.sock.recvmsg_into([self._view[self._end :]], _ANCILLARY)
         except BlockingIOError:
             raise
         except OSError as error:

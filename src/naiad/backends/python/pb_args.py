@@ -75,6 +75,8 @@ def as_float(value: Any, where: str) -> float:
 def as_list(value: Any, where: str) -> list[Any]:
     """`std::vector<...>`: the items of any sequence or other iterable (list, tuple, numpy
     array, generator); a str, bytes or a dict is refused, as pybind11 refuses them."""
+    if type(value) is list:  # most calls, answered before the slower checks against abstract classes
+        return list(value)
     if value is None or isinstance(value, str | bytes | bytearray | Mapping) or not isinstance(value, Iterable):
         raise TypeError(f"{where} must be a list, got {type(value)}")
     return list(value)

@@ -199,11 +199,11 @@ class InferenceResponse:
         parameters: dict[str, bool | int | str] | None = None,
     ) -> None:
         tensors = _tensor_list(output_tensors, "output_tensors")
-        if any(tensor is None for tensor in tensors):
+        if None in tensors:  # (Tensor has no __eq__: this compares identities)
             raise TritonModelException("Output tensor for inference response should not be empty.")
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(f"InferenceResponse(): error must be a TritonError or None, got {type(error)}")
-        self._output_tensors: list[Tensor] = [tensor for tensor in tensors if tensor is not None]
+        self._output_tensors: list[Tensor] = tensors  # type: ignore[assignment]  # (no None: checked above)
         self._error = error
         self._parameters = _parameters_json(parameters)
 

@@ -138,8 +138,12 @@ class Stub:
         self._calls_waiting = threading.Condition()  # wakes the standby reader
         self._outbox: list[p.Executed] = []  # answers held while more work is already buffered
         self._outbox_lock = threading.Lock()
-        self._exec_idle = threading.Condition()  # guards _exec_busy and _backlog
+        # A plain lock guards _exec_busy and _backlog (taken twice per batch); the condition over
+        # it is waited on once, by serve() at the end, and notified only then.
+        self._exec_lock = threading.Lock()
+        self._exec_idle = threading.Condition(self._exec_lock)
         self._exec_busy = False
+        self._awaiting_idle = False
         self._backlog: collections.deque[p.Execute] = collections.deque()
         self._calls: dict[int, Any] = {}  # BLS call id -> Future (one response) / queue (a stream)
         self._queries: dict[int, Future[p.Answer]] = {}  # query call id -> its answer
@@ -199,6 +203,7 @@ class Stub:
         while self._read_one():
             pass
         with self._exec_idle:
+            self._awaiting_idle = True
             self._exec_idle.wait_for(lambda: not self._exec_busy)
 
     def _standby(self) -> None:
@@ -233,7 +238,8 @@ class Stub:
                 self.segments.add(message.segment, channel.take_fd(), message.size)
                 return True
         if isinstance(message, p.Execute):
-            self._free(message.frees)
+            if message.frees:
+                self._free(message.frees)
             self._run_or_queue(message)
         elif isinstance(message, p.BlsReply):
             self._free(message.frees)
@@ -257,17 +263,19 @@ class Stub:
 
     def _run_or_queue(self, message: p.Execute) -> None:
         """Execute batches one at a time, in the order they were read."""
-        with self._exec_idle:
+        lock = self._exec_lock
+        with lock:
             if self._exec_busy:
                 self._backlog.append(message)
                 return
             self._exec_busy = True
         while True:
             self._execute(message)
-            with self._exec_idle:
+            with lock:
                 if not self._backlog:
                     self._exec_busy = False
-                    self._exec_idle.notify_all()
+                    if self._awaiting_idle:
+                        self._exec_idle.notify_all()
                     return
                 message = self._backlog.popleft()
 
@@ -327,7 +335,7 @@ class Stub:
         except BaseException as error:
             self._executed(batch, [], error, times)
             return
-        if inspect.isawaitable(result):
+        if type(result) is not list and inspect.isawaitable(result):  # (a list: the common case, quickly)
             future = self.run_coroutine(result)
             if self.decoupled:  # responses go through the senders: free the instance at once
                 self._executed(batch, [], None, times)
@@ -383,8 +391,10 @@ class Stub:
         message = p.Executed(batch, responses, text, p.flat_frees(self.frees.take()), times)
         with self._outbox_lock:
             self._outbox.append(message)
-        if not self.channel.has_frame():
-            self._flush()  # else more work is already here: answer it all in one write
+            if self.channel.has_frame():
+                return  # more work is already here: answer it all in one write
+            messages, self._outbox = self._outbox, []
+            self.metrics.send(messages)
 
     def _flush(self) -> None:
         with self._outbox_lock:
