@@ -4,18 +4,74 @@ Schedulers start batches from whoever has news (see base.PumpedScheduler); the o
 brings is "time passed": a batch that waited its max_queue_delay, a request whose timeout ran out,
 a sequence that went idle. Each scheduler keeps at most one timer armed, for the earliest of these.
 Callbacks run on the timer thread, one at a time, and must not block.
+
+The thread sleeps on a Linux timerfd set to the earliest deadline. Setting it from the thread
+that arms a timer does not wake the sleeper: the kernel wakes it once, at the deadline. (A
+condition variable had to be notified of each new earliest deadline; the woken thread then asked
+for the GIL while the event loop held it, and a request waiting out a 200 µs queue delay cost the
+server ~100 CPU-µs in hand-offs: docs/benchmarks.md, 2026-12-05 afternoon.)
 """
 
 from __future__ import annotations
 
+import ctypes
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+_CLOCK_MONOTONIC = 1  # time.monotonic_ns()'s clock on Linux
+_TFD_CLOEXEC = os.O_CLOEXEC
+_TFD_TIMER_ABSTIME = 1
+
+
+class _TimeSpec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _ITimerSpec(ctypes.Structure):
+    _fields_ = [("it_interval", _TimeSpec), ("it_value", _TimeSpec)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_timerfd_create = _libc.timerfd_create
+_timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
+_timerfd_create.restype = ctypes.c_int
+_timerfd_settime = _libc.timerfd_settime
+_timerfd_settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_ITimerSpec), ctypes.c_void_p]
+_timerfd_settime.restype = ctypes.c_int
+
+
+class _TimerFd:
+    """A one-shot CLOCK_MONOTONIC timerfd: `set` from any thread, `wait` on one."""
+
+    def __init__(self) -> None:
+        fd = _timerfd_create(_CLOCK_MONOTONIC, _TFD_CLOEXEC)
+        if fd < 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"timerfd_create: {os.strerror(error)}")
+        self.fd = fd
+        self._spec = _ITimerSpec()  # reused: `set` is called under the Timers lock
+
+    def set(self, when_ns: int) -> None:
+        """Expire at monotonic time `when_ns` (at once if it passed); 0 disarms."""
+        value = self._spec.it_value
+        value.tv_sec, value.tv_nsec = divmod(when_ns, 1_000_000_000)
+        if _timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None) < 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"timerfd_settime: {os.strerror(error)}")
+
+    def wait(self) -> None:
+        """Block (without the GIL) until the timer expires; a disarmed timer never does."""
+        os.read(self.fd, 8)  # the count of expirations, not needed
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class TimerHandle:
@@ -36,50 +92,74 @@ class Timers:
         self._name = name
         self._heap: list[tuple[int, int, TimerHandle]] = []
         self._order = itertools.count()  # ties run in the order they were armed
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
+        self._timer: _TimerFd | None = None
+        self._set_ns = 0  # the deadline the timerfd is set to (0: disarmed)
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def call_at(self, when_ns: int, callback: Callable[[], None]) -> TimerHandle:
         """Run `callback` on the timer thread once time.monotonic_ns() reaches `when_ns`."""
         handle = TimerHandle(callback)
-        with self._changed:
+        with self._lock:
             if self._closed:
                 return handle
             heapq.heappush(self._heap, (when_ns, next(self._order), handle))
             if self._thread is None:
+                self._timer = _TimerFd()
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            elif self._heap[0][2] is handle:
-                self._changed.notify()  # the new earliest deadline: the thread sleeps too long
+            if self._heap[0][2] is handle:
+                self._set(max(when_ns, 1))  # the new earliest deadline (0 would disarm)
         return handle
 
     def close(self) -> None:
-        with self._changed:
+        with self._lock:
             self._closed = True
             self._heap.clear()
-            self._changed.notify()
+            if self._timer is not None:
+                self._set(1)  # long past: the thread wakes at once and sees `_closed`
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(5.0)
+            if not thread.is_alive() and self._timer is not None:
+                self._timer.close()
+
+    def _set(self, when_ns: int) -> None:
+        """Under the lock: have the timerfd expire at `when_ns` (0 disarms), unless it already does."""
+        if when_ns != self._set_ns:
+            assert self._timer is not None
+            self._timer.set(when_ns)
+            self._set_ns = when_ns
 
     def _run(self) -> None:
+        timer = self._timer
+        assert timer is not None
         while True:
-            with self._changed:
-                while True:
-                    if self._closed:
-                        return
-                    while self._heap and self._heap[0][2].cancelled:
-                        heapq.heappop(self._heap)
-                    if not self._heap:
-                        self._changed.wait()
-                        continue
-                    wait_ns = self._heap[0][0] - time.monotonic_ns()
-                    if wait_ns <= 0:
-                        handle = heapq.heappop(self._heap)[2]
-                        break
-                    self._changed.wait(wait_ns / 1e9)
-            try:
-                handle.callback()
-            except Exception:  # a scheduler bug must not stop every other scheduler's timers
-                log.exception("timer callback failed")
+            timer.wait()
+            with self._lock:
+                self._set_ns = 0  # expired: a one-shot timer is disarmed now
+                if self._closed:
+                    return
+                due = self._take_due(time.monotonic_ns())
+                while self._heap and self._heap[0][2].cancelled:
+                    heapq.heappop(self._heap)
+                if self._heap:
+                    self._set(self._heap[0][0])
+            for handle in due:
+                if handle.cancelled:  # by a callback before it
+                    continue
+                try:
+                    handle.callback()
+                except Exception:  # a scheduler bug must not stop every other scheduler's timers
+                    log.exception("timer callback failed")
+
+    def _take_due(self, now: int) -> list[TimerHandle]:
+        """Under the lock: pop the handles whose deadline came, in deadline order."""
+        due = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            handle = heapq.heappop(heap)[2]
+            if not handle.cancelled:
+                due.append(handle)
+        return due

@@ -1,0 +1,113 @@
+"""The schedulers' timer thread: deadlines, order, cancellation, re-arming earlier, close."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from naiad.scheduling.timers import Timers
+
+MS = 1_000_000
+
+
+@pytest.fixture
+def timers() -> Timers:
+    timers = Timers("test-timers")
+    yield timers
+    timers.close()
+
+
+def _recorder() -> tuple[list[tuple[str, int]], threading.Event, int]:
+    return [], threading.Event(), time.monotonic_ns()
+
+
+def test_callbacks_run_at_their_deadlines_in_deadline_order(timers: Timers) -> None:
+    fired, done, start = _recorder()
+    for name, delay_ms in (("c", 30), ("a", 10), ("b", 20)):
+        timers.call_at(start + delay_ms * MS, lambda name=name: fired.append((name, time.monotonic_ns())))
+    timers.call_at(start + 40 * MS, done.set)
+    assert done.wait(5)
+    assert [name for name, _ in fired] == ["a", "b", "c"]
+    for (name, at), delay_ms in zip(fired, (10, 20, 30), strict=True):
+        assert at >= start + delay_ms * MS, name  # never early
+
+
+def test_an_earlier_deadline_armed_while_the_thread_sleeps_fires_on_time(timers: Timers) -> None:
+    """The thread sleeps on the timer of a deadline far away; a new, earlier one must wake it then,
+    not when the far one comes (the timerfd is moved, nobody notifies the thread)."""
+    far, soon = threading.Event(), threading.Event()
+    start = time.monotonic_ns()
+    timers.call_at(start + 60_000 * MS, far.set)
+    time.sleep(0.05)  # the thread is asleep on the far deadline now
+    timers.call_at(time.monotonic_ns() + 20 * MS, soon.set)
+    assert soon.wait(5), "the earlier deadline waited for the later one"
+    assert not far.is_set()
+
+
+def test_a_deadline_already_passed_runs_at_once(timers: Timers) -> None:
+    done = threading.Event()
+    timers.call_at(time.monotonic_ns() - 10 * MS, done.set)
+    assert done.wait(5)
+
+
+def test_cancelled_timers_do_not_run(timers: Timers) -> None:
+    ran, done, start = [], threading.Event(), time.monotonic_ns()
+    first = timers.call_at(start + 10 * MS, lambda: ran.append("first"))
+    timers.call_at(start + 20 * MS, lambda: ran.append("second"))
+    timers.call_at(start + 30 * MS, done.set)
+    first.cancel()
+    assert done.wait(5)
+    assert ran == ["second"]
+
+
+def test_a_callback_may_cancel_another_due_at_the_same_time(timers: Timers) -> None:
+    ran, done = [], threading.Event()
+    when = time.monotonic_ns() + 20 * MS
+    handles = {}
+    handles["a"] = timers.call_at(when, lambda: (ran.append("a"), handles["b"].cancel()))
+    handles["b"] = timers.call_at(when, lambda: ran.append("b"))
+    timers.call_at(when + 10 * MS, done.set)
+    assert done.wait(5)
+    assert ran == ["a"]
+
+
+def test_a_failing_callback_does_not_stop_the_others(timers: Timers) -> None:
+    done = threading.Event()
+    start = time.monotonic_ns()
+
+    def fail() -> None:
+        raise RuntimeError("a scheduler bug")
+
+    timers.call_at(start + 5 * MS, fail)
+    timers.call_at(start + 10 * MS, done.set)
+    assert done.wait(5)
+
+
+def test_a_callback_can_arm_the_next_timer(timers: Timers) -> None:
+    done = threading.Event()
+    count = [0]
+
+    def again() -> None:
+        count[0] += 1
+        if count[0] == 5:
+            done.set()
+        else:
+            timers.call_at(time.monotonic_ns() + 2 * MS, again)
+
+    timers.call_at(time.monotonic_ns() + 2 * MS, again)
+    assert done.wait(5)
+
+
+def test_close_stops_the_thread_and_drops_what_is_armed() -> None:
+    timers = Timers("test-close")
+    ran = []
+    timers.call_at(time.monotonic_ns() + 50 * MS, lambda: ran.append("armed before close"))
+    thread = timers._thread
+    assert thread is not None
+    timers.close()
+    assert not thread.is_alive()
+    timers.call_at(time.monotonic_ns(), lambda: ran.append("armed after close"))
+    time.sleep(0.1)
+    assert ran == []
