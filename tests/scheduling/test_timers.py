@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -13,18 +14,15 @@ MS = 1_000_000
 
 
 @pytest.fixture
-def timers() -> Timers:
+def timers() -> Iterator[Timers]:
     timers = Timers("test-timers")
     yield timers
     timers.close()
 
 
-def _recorder() -> tuple[list[tuple[str, int]], threading.Event, int]:
-    return [], threading.Event(), time.monotonic_ns()
-
-
 def test_callbacks_run_at_their_deadlines_in_deadline_order(timers: Timers) -> None:
-    fired, done, start = _recorder()
+    fired: list[tuple[str, int]] = []
+    done, start = threading.Event(), time.monotonic_ns()
     for name, delay_ms in (("c", 30), ("a", 10), ("b", 20)):
         timers.call_at(start + delay_ms * MS, lambda name=name: fired.append((name, time.monotonic_ns())))
     timers.call_at(start + 40 * MS, done.set)

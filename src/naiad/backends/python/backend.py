@@ -333,8 +333,7 @@ class PythonInstance(ModelInstance):
 
     def _on_message(self, message: Any) -> None:
         if isinstance(message, p.Executed):
-            if message.frees:  # (most: small outputs travel inline)
-                self._free(message.frees)
+            self._free(message.frees)
             self._on_executed(message)
         elif isinstance(message, p.Sent):
             self._free(message.frees)

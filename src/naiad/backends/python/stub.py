@@ -238,8 +238,7 @@ class Stub:
                 self.segments.add(message.segment, channel.take_fd(), message.size)
                 return True
         if isinstance(message, p.Execute):
-            if message.frees:
-                self._free(message.frees)
+            self._free(message.frees)
             self._run_or_queue(message)
         elif isinstance(message, p.BlsReply):
             self._free(message.frees)
@@ -391,16 +390,18 @@ class Stub:
         message = p.Executed(batch, responses, text, p.flat_frees(self.frees.take()), times)
         with self._outbox_lock:
             self._outbox.append(message)
-            if self.channel.has_frame():
-                return  # more work is already here: answer it all in one write
-            messages, self._outbox = self._outbox, []
-            self.metrics.send(messages)
+            if not self.channel.has_frame():  # else more work is already here: answer it all in one write
+                self._send_outbox()
 
     def _flush(self) -> None:
         with self._outbox_lock:
-            messages, self._outbox = self._outbox, []
-            if messages:
-                self.metrics.send(messages)
+            self._send_outbox()
+
+    def _send_outbox(self) -> None:
+        """Under the outbox lock: write the answers held (the lock keeps them in order)."""
+        messages, self._outbox = self._outbox, []
+        if messages:
+            self.metrics.send(messages)
 
     def _async_failed(self, batch: int, count: int, done: Future[Any]) -> None:
         """A decoupled `async def execute` that raised: its open requests fail like a raising
