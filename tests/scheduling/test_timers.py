@@ -1,23 +1,46 @@
-"""The schedulers' timer thread: deadlines, order, cancellation, re-arming earlier, close."""
+"""The schedulers' timers, on a thread of their own and on an event loop: deadlines, order,
+cancellation, re-arming earlier, close."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+import uvloop
 
 from naiad.scheduling.timers import Timers
 
 MS = 1_000_000
 
 
-@pytest.fixture
-def timers() -> Iterator[Timers]:
+class _LoopThread:
+    """A uvloop event loop running on a thread, as the server's frontends' loop does."""
+
+    def __init__(self) -> None:
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture(params=["thread", "loop"])
+def timers(request: pytest.FixtureRequest) -> Iterator[Timers]:
     timers = Timers("test-timers")
+    loop = _LoopThread() if request.param == "loop" else None
+    if loop is not None:
+        timers.serve_on(loop.loop)
     yield timers
     timers.close()
+    if loop is not None:
+        loop.stop()
 
 
 def test_callbacks_run_at_their_deadlines_in_deadline_order(timers: Timers) -> None:
@@ -109,3 +132,58 @@ def test_close_stops_the_thread_and_drops_what_is_armed() -> None:
     timers.call_at(time.monotonic_ns(), lambda: ran.append("armed after close"))
     time.sleep(0.1)
     assert ran == []
+
+
+def test_timers_served_on_a_loop_run_callbacks_on_its_thread_and_start_no_thread_of_their_own() -> None:
+    loop = _LoopThread()
+    timers = Timers("test-loop-served")
+    timers.serve_on(loop.loop)
+    ran_on, done = [], threading.Event()
+    try:
+        # armed from another thread (a worker's completion does this) while the loop sleeps
+        timers.call_at(time.monotonic_ns() + 5 * MS, lambda: (ran_on.append(threading.current_thread()), done.set()))
+        assert done.wait(5)
+        assert ran_on == [loop.thread]
+        assert timers._thread is None
+    finally:
+        timers.close()
+        loop.stop()
+
+
+def test_close_on_a_loop_stops_watching_and_closes_the_timerfd() -> None:
+    loop = _LoopThread()
+    timers = Timers("test-loop-close")
+    timers.serve_on(loop.loop)
+    ran: list[str] = []
+    timers.call_at(time.monotonic_ns() + 50 * MS, lambda: ran.append("armed before close"))
+    assert timers._timer is not None
+    fd = timers._timer.fd
+    timers.close()
+    timers.close()  # twice is harmless (the server's stop and a test's teardown may both close)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _is_open(fd):
+        time.sleep(0.01)
+    assert not _is_open(fd)
+    timers.call_at(time.monotonic_ns(), lambda: ran.append("armed after close"))
+    time.sleep(0.1)
+    assert ran == []
+    loop.stop()
+
+
+def test_close_after_the_loop_closed_still_closes_the_timerfd() -> None:
+    loop = asyncio.new_event_loop()
+    timers = Timers("test-closed-loop")
+    timers.serve_on(loop)
+    assert timers._timer is not None
+    fd = timers._timer.fd
+    loop.close()
+    timers.close()
+    assert not _is_open(fd)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True

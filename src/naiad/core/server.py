@@ -80,8 +80,11 @@ class InferenceServer:
         self.stopping = False
         self.started = False
         self.inflight = 0  # inference requests being served; shutdown drains them (event loop only)
-        # The frontends' loop, where model processes' answers are read (None: not serving).
+        # The frontends' loop, where model processes' answers are read and the schedulers'
+        # timers run (None: not serving; the timers then have a thread of their own).
         self.loop = loop
+        if loop is not None:
+            self.models.services.timers.serve_on(loop)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
