@@ -81,8 +81,11 @@ class InferenceServer:
         self.started = False
         self.inflight = 0  # inference requests being served; shutdown drains them (event loop only)
         # The frontends' loop, where model processes' answers are read and the schedulers'
-        # timers run (None: not serving; the timers then have a thread of their own).
+        # timers run (None: not serving; the timers then have a thread of their own). It is the
+        # running loop of the thread constructing the server; that thread's id, kept, tells
+        # "on the loop" without asyncio.get_running_loop() (a getpid() system call on 3.11).
         self.loop = loop
+        self.loop_thread = threading.get_ident() if loop is not None else 0
         if loop is not None:
             self.models.services.timers.serve_on(loop)
 
@@ -460,10 +463,7 @@ class _BackendHost:
 
     def call_soon(self, callback: Callable[[], None]) -> bool:
         loop = self._server.loop
-        try:
-            if loop is None or asyncio.get_running_loop() is not loop:
-                return False
-        except RuntimeError:  # not on any loop's thread
+        if loop is None or threading.get_ident() != self._server.loop_thread:
             return False
         loop.call_soon(callback)
         return True
@@ -520,8 +520,9 @@ class _LoopSink:
     def __init__(self, server: InferenceServer, answer: Callable[[InferResponse], None]) -> None:
         self.server = server
         self.answer = answer
-        self.loop = asyncio.get_running_loop()
         self.thread = threading.get_ident()
+        loop = server.loop
+        self.loop = loop if loop is not None and self.thread == server.loop_thread else asyncio.get_running_loop()
 
     def __call__(self, response: InferResponse) -> None:
         if threading.get_ident() == self.thread:

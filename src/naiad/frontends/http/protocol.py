@@ -128,6 +128,8 @@ class HttpProtocol(asyncio.Protocol):
         self.heads_begun = 0  # requests whose first byte has been parsed
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
+        # The loop, kept: asyncio.get_running_loop() makes a getpid() system call on Python < 3.12.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.current = _Request()
         self.size = 0
         self.queue: collections.deque[_Request] = collections.deque()
@@ -144,6 +146,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = self.pauses.transport = transport  # type: ignore[assignment]
+        self.loop = asyncio.get_running_loop()
         if self.limit is not None and not self.limit.admit(self):
             log.debug("refusing an HTTP connection: --max-connections reached")
             self._write(_TOO_MANY_CONNECTIONS, [], keep_alive=False)
@@ -342,7 +345,8 @@ class HttpProtocol(asyncio.Protocol):
             # fought this one for the GIL between reads (one more context switch per request and
             # 10-20 % fewer inferences/s at 32 connections; docs/benchmarks.md, 2026-12-04 evening).
             waiting = self.waiting = _Waiting(self, keep_alive)
-            asyncio.get_running_loop().call_soon(self._dispatch, request, path, body, waiting)
+            assert self.loop is not None  # connected
+            self.loop.call_soon(self._dispatch, request, path, body, waiting)
             return
         work = self.dispatch(request.method, path, request.headers, body)
         self.task = asyncio.get_running_loop().create_task(self._run(request, work, keep_alive))
