@@ -72,6 +72,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
         self.outbox.transport = self.transport
+        self.outbox.loop = asyncio.get_running_loop()
         ours = {f.INITIAL_WINDOW_SIZE: STREAM_WINDOW, f.MAX_FRAME_SIZE: MAX_FRAME,
                 f.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST, f.ENABLE_PUSH: 0}
         if self.options.max_concurrent_streams > 0:

@@ -51,6 +51,8 @@ class Outbox:
         self.on_stalled = on_stalled  # a stream sent nothing for send_timeout
         self.on_data = on_data  # DATA went out (pings are welcome again: keepalive.py)
         self.transport: asyncio.Transport | None = None
+        # set with the transport: asyncio.get_running_loop() makes a getpid() system call on 3.11
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.max_frame = f.DEFAULT_MAX_FRAME  # the client's SETTINGS_MAX_FRAME_SIZE
         self.out: list[bytes | memoryview] = []
         self.flush_scheduled = False
@@ -67,7 +69,7 @@ class Outbox:
         self.out.append(data)
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            (self.loop or asyncio.get_running_loop()).call_soon(self.flush)
 
     def flush(self) -> None:
         self.flush_scheduled = False
