@@ -1,9 +1,9 @@
-"""One thread that runs callbacks at monotonic deadlines: queue delays and timeouts of schedulers.
+"""Callbacks at monotonic deadlines, run on the event loop or one thread: queue delays and timeouts of schedulers.
 
 Schedulers start batches from whoever has news (see base.PumpedScheduler); the only news nobody
 brings is "time passed": a batch that waited its max_queue_delay, a request whose timeout ran out,
 a sequence that went idle. Each scheduler keeps at most one timer armed, for the earliest of these.
-Callbacks run on the timer thread, one at a time, and must not block.
+Callbacks run one at a time (on the event loop's thread or the timer thread) and must not block.
 
 The deadlines live on a Linux timerfd set to the earliest one. Setting it from the thread that
 arms a timer wakes nobody: the kernel makes the fd readable once, at the deadline. (A condition
@@ -71,6 +71,7 @@ class _TimerFd:
             raise OSError(error, f"timerfd_create: {os.strerror(error)}")
         self.fd = fd
         self._spec = _ITimerSpec()  # reused: `set` is called under the Timers lock
+        self._poller: select.poll | None = None  # made by the first `wait`
 
     def set(self, when_ns: int) -> None:
         """Expire at monotonic time `when_ns` (at once if it passed); 0 disarms."""
@@ -82,7 +83,11 @@ class _TimerFd:
 
     def wait(self) -> None:
         """Block (without the GIL) until the timer expires; a disarmed timer never does."""
-        select.select([self.fd], [], [])
+        poller = self._poller
+        if poller is None:  # poll, not select: the fd may be numbered past select's 1,024
+            poller = self._poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+        poller.poll()
         self.consume()
 
     def consume(self) -> None:
