@@ -64,7 +64,7 @@ class _TimerFd:
 
     def __init__(self) -> None:
         # Non-blocking: a loop told "readable" may find the expiry gone (re-armed since) and must
-        # not block; the thread that waits uses select first (`wait`).
+        # not block; the thread that waits polls first (`wait`).
         fd = _timerfd_create(_CLOCK_MONOTONIC, _TFD_CLOEXEC | _TFD_NONBLOCK)
         if fd < 0:
             error = ctypes.get_errno()
