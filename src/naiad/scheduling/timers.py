@@ -193,8 +193,7 @@ class Timers:
     def _on_readable(self) -> None:
         assert self._timer is not None
         self._timer.consume()
-        if not self._closed:
-            self._expired()
+        self._expired()
 
     def _expired(self) -> None:
         """The timerfd fired: run what is due, and set it to the next deadline."""

@@ -345,11 +345,10 @@ class HttpProtocol(asyncio.Protocol):
             # fought this one for the GIL between reads (one more context switch per request and
             # 10-20 % fewer inferences/s at 32 connections; docs/benchmarks.md, 2026-12-04 evening).
             waiting = self.waiting = _Waiting(self, keep_alive)
-            assert self.loop is not None  # connected
-            self.loop.call_soon(self._dispatch, request, path, body, waiting)
+            self._loop().call_soon(self._dispatch, request, path, body, waiting)
             return
         work = self.dispatch(request.method, path, request.headers, body)
-        self.task = asyncio.get_running_loop().create_task(self._run(request, work, keep_alive))
+        self.task = self._loop().create_task(self._run(request, work, keep_alive))
 
     def _dispatch(self, request: _Request, path: str, body: bytes, waiting: _Waiting) -> None:
         """Start a request through `dispatch_now`; it is this connection's `waiting` meanwhile."""
@@ -367,7 +366,11 @@ class HttpProtocol(asyncio.Protocol):
             waiting.cancel = started  # its answer comes later, from the event loop
             return
         self.waiting = None
-        self.task = asyncio.get_running_loop().create_task(self._run(request, started, waiting.keep_alive))
+        self.task = self._loop().create_task(self._run(request, started, waiting.keep_alive))
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        assert self.loop is not None  # set when connected, before any request
+        return self.loop
 
     def _answered_later(self) -> None:
         """A request answered without a task got its reply (written already): on to the next."""

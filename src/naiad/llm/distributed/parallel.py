@@ -27,10 +27,13 @@ builds only the stage's layers.
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -273,6 +276,18 @@ def init_group(
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
+
+
+def leave_process(status: int) -> NoReturn:
+    """End a rank's process now, without tearing its group down or running library teardown: a
+    failed rank so that its peers' collectives fail fast, a finished one because gloo's threads
+    made a clean stop abort now and then in that teardown ("terminate called without an active
+    exception", exit status 6, after every step had matched; CI, 2026-12-05). Nothing of a rank
+    outlives its process; rank 0 leaves the group itself once its workers have exited."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def destroy_group() -> None:

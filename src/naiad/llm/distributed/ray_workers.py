@@ -43,7 +43,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.placement_group import placement_group as reserve_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from naiad.llm.distributed.parallel import TensorParallel, destroy_group, free_port, init_group
+from naiad.llm.distributed.parallel import TensorParallel, destroy_group, free_port, init_group, leave_process
 from naiad.llm.distributed.step_sync import TableMirror, WireStep
 from naiad.llm.distributed.workers import WorkerDied, WorkerInfo, worker_name
 from naiad.llm.engine.model_runner import ModelRunner, RunnerConfig
@@ -134,8 +134,7 @@ class RankActor:
             # The group is broken now: leave at once, so that the peers' collectives fail fast
             # (as when a worker process dies) rather than wait for this rank until the timeout.
             log.exception("%s failed a step", self.name)
-            logging.shutdown()
-            os._exit(1)
+            leave_process(1)
 
     def alive(self) -> bool:
         return True

@@ -29,17 +29,15 @@ import logging
 import multiprocessing
 import os
 import pickle
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import NoReturn
 
 import torch
 
 from naiad.llm.distributed.nodes import Cluster, NodeListener, RemoteProcess
-from naiad.llm.distributed.parallel import TensorParallel, free_port, init_group, rank_device
+from naiad.llm.distributed.parallel import TensorParallel, free_port, init_group, leave_process, rank_device
 from naiad.llm.distributed.step_sync import TableMirror, WireStep
 from naiad.llm.engine.model_runner import ModelRunner, RunnerConfig
 
@@ -102,19 +100,7 @@ def run_worker(config: RunnerConfig, rank: int, size: int, port: int, conn: Conn
                 runner.forward_plan(tables.plan(step))
     except (EOFError, OSError):
         pass  # rank 0 is gone: nothing left to serve
-    _leave()
-
-
-def _leave() -> NoReturn:
-    """End a worker process that served its last step, without tearing the group down: a
-    finished remote rank aborted now and then in that teardown ("terminate called without an
-    active exception" from gloo's threads, after its steps had all matched; CI, 2026-12-05),
-    turning a clean stop into exit status 6. Nothing of a worker outlives its process, and rank 0
-    leaves the group itself once its workers have exited (`LLMEngine.close`)."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_process(0)
 
 
 @contextlib.contextmanager
