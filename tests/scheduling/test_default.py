@@ -89,7 +89,7 @@ def test_cancelled_jobs_are_dropped_not_run():
     worker = FakeWorker(room=10)
     scheduler = _scheduler([worker], dropped)
     gone, kept = _job(1), _job(2)
-    gone.cancelled = True
+    gone.cancel()
     scheduler.submit(gone)
     scheduler.submit(kept)
     scheduler.start()
@@ -165,7 +165,7 @@ def test_cancelled_jobs_are_dropped_instead_of_started() -> None:
     scheduler.submit(_job(0))
     waiting = _job(1)
     scheduler.submit(waiting)
-    waiting.cancelled = True  # the client went away while it waited
+    waiting.cancel()  # the client went away while it waited
     worker.finish()
     assert worker.started == ["0"] and [job.request.id for job, _ in dropped] == ["1"]
 

@@ -231,7 +231,7 @@ def test_cancelled_requests_leave_the_queue_without_running():
     gone, kept = _job("gone", size=8), _job("kept", size=8)
     batcher.submit(gone)
     batcher.submit(kept)
-    gone.cancelled = True
+    gone.cancel()
     instance.release()
     assert instance.wait_batches(2)[1] == ["kept"]
     batcher.stop()
@@ -282,7 +282,7 @@ def test_preserve_ordering_does_not_wait_for_a_cancelled_request():
     gone, kept = _job("gone", size=8, sink=delivered.append), _job("kept", size=8, sink=delivered.append)
     batcher.submit(gone)
     batcher.submit(kept)
-    gone.cancelled = True
+    gone.cancel()
     instance.release()
     batcher.stop()
     assert delivered == ["kept"]

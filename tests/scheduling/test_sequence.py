@@ -353,7 +353,7 @@ def test_a_cancelled_request_is_dropped_and_the_sequence_goes_on(dropped: list) 
     instance.busy.wait(5)
     gone = client.job("b", 1, 50)
     batcher.submit(gone)
-    gone.cancelled = True
+    gone.cancel()
     batcher.submit(client.job("c", 1, 1, end=True))
     instance.release()
     assert client.output("c") == 2

@@ -29,7 +29,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from naiad.observability.tracing import Trace
 from naiad.scheduling.timers import TimerHandle, Timers
@@ -53,7 +53,7 @@ class Job:
     The batching fields are filled by the core when the job is made: `batch_size` (the leading
     dimension for batching models, else 1), `shape_key` (requests batch together only when their
     keys are equal), `priority` (the requested level, 0 = default), `deadline_ns` (monotonic,
-    0 = none). `cancelled` is set when nobody waits for the answer any more; `trace` is stamped
+    0 = none). `cancel()` marks `cancelled` when nobody waits for the answer any more; `trace` is stamped
     along the way when the request is traced.
     """
 
@@ -66,10 +66,15 @@ class Job:
     deadline_ns: int = 0
     cancelled: bool = False
     trace: Trace | None = None  # set when the request was sampled for tracing
+    #: Jobs cancelled so far, all schedulers together: a queue scanned clean need not be scanned
+    #: for cancelled jobs again until this changes (a count that lost an update to a race still
+    #: changed, which is all that matters).
+    cancellations: ClassVar[int] = 0
 
     def cancel(self) -> None:
         """Nobody waits for the answer any more: a queued job leaves its queue unanswered."""
-        self.cancelled = True
+        self.cancelled = True  # before the count, which a scanner reads before it scans
+        Job.cancellations += 1
 
 
 #: How a scheduler hands back a job it will not run (timed out, cancelled, stopping): the core

@@ -25,6 +25,7 @@ while every instance is busy.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -86,6 +87,9 @@ class DynamicBatcher(PumpedScheduler):
         self._queues: dict[int, collections.deque[Job]] = {level: collections.deque() for level in levels}
         self._levels = sorted(self._queues)
         self._delayed: collections.deque[Job] = collections.deque()  # timed out under DELAY
+        # every queue in the order batches take from them: levels 1, 2, …, then the delayed
+        self._ordered_queues = (*(self._queues[level] for level in self._levels), self._delayed)
+        self._clean_at = -1  # Job.cancellations when the queues were last found free of cancelled jobs
         self._deadlines = 0  # queued jobs with a deadline: only then is the queue scanned for them
         self._ordering = InOrder() if settings.preserve_ordering else None
 
@@ -202,9 +206,7 @@ class DynamicBatcher(PumpedScheduler):
         return bool(self._delayed) or any(self._queues.values())
 
     def _in_order(self) -> Iterator[Job]:
-        for level in self._levels:
-            yield from self._queues[level]
-        yield from self._delayed
+        return itertools.chain(*self._ordered_queues)
 
     def _form(self, now: int) -> tuple[int, int]:
         """(number of jobs to run now, 0) or (0, ns to wait before looking again)."""
@@ -235,7 +237,7 @@ class DynamicBatcher(PumpedScheduler):
     def _take(self, count: int) -> list[Job]:
         """Pop the first `count` jobs in queue order (a batch is always such a prefix)."""
         batch: list[Job] = []
-        for queue in (*(self._queues[level] for level in self._levels), self._delayed):
+        for queue in self._ordered_queues:
             while queue and len(batch) < count:
                 job = queue.popleft()
                 if job.deadline_ns:
@@ -244,8 +246,15 @@ class DynamicBatcher(PumpedScheduler):
         return batch
 
     def _any_cancelled(self) -> bool:
-        return any(job.cancelled for queue in self._queues.values() for job in queue) or any(
-            job.cancelled for job in self._delayed)
+        """Whether a queued job was cancelled; the queues are scanned only when some job anywhere
+        was cancelled since they were last found clean (the pump asks on every turn)."""
+        cancellations = Job.cancellations  # read before the scan: a cancel during it counts later
+        if cancellations == self._clean_at:
+            return False
+        if any(job.cancelled for job in self._in_order()):
+            return True
+        self._clean_at = cancellations
+        return False
 
     def _expire(self, now: int, dropped: list[tuple[Job, Exception | None]]) -> int:
         """Remove cancelled jobs; jobs past their deadline are rejected or delayed per policy.
