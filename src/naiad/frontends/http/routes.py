@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -59,8 +60,23 @@ _FIXED = {
 }
 
 
+#: Paths up to this long are remembered with their route (the few a server sees again and
+#: again: each model's infer path); longer ones, which clients rarely repeat, are matched each time.
+_CACHED_PATH = 256
+
+
 def match(path: str) -> Route | None:
     """The route for `path`, or None (404)."""
+    return _match_cached(path) if len(path) <= _CACHED_PATH else _match(path)
+
+
+# Bounded: paths come from clients, and a scan of made-up paths only evicts older entries.
+@functools.lru_cache(maxsize=1024)
+def _match_cached(path: str) -> Route | None:
+    return _match(path)
+
+
+def _match(path: str) -> Route | None:
     action = _FIXED.get(path)
     if action is not None:
         return Route(action)
