@@ -146,6 +146,7 @@ class PythonInstance(ModelInstance):
         self.stub_timeout = stub_timeout
         self.output_names = [o.name for o in model.config.output]
         self._ids = itertools.count(1)
+        self._newest = 0  # the id of the last batch submitted
         self._pending: dict[int, _Pending] = {}
         self._calls: dict[int, Callable[[], None]] = {}  # BLS call -> cancel
         # Traces of the traced requests sent to the model, by id, while anything holds them.
@@ -278,7 +279,7 @@ class PythonInstance(ModelInstance):
                 return False  # the restart reports room when the new process is up
             self._restart_soon()
             raise Unavailable(f"Stub process '{self.name}' is not healthy.")
-        batch_id = next(self._ids)
+        batch_id = self._newest = next(self._ids)
         pending = _Pending(batch_id, batch, sender)
         try:
             room = p.InlineRoom()  # one Execute message
@@ -374,8 +375,17 @@ class PythonInstance(ModelInstance):
         if pending is None:
             return
         times = message.times
+        newest = self._newest
         self._mark_executed(pending, ExecutionTimes(*times) if len(times) == 4 else None)
         process = self._process
+        if process is not None and self._idle_before(newest):
+            # The model process has nothing left to execute but what the scheduler just gave it:
+            # that goes out now, not at the end of this turn of the loop, and the model computes
+            # it while the responses below are encoded and written (py_mlp c=8 and c=32: 1-9 %
+            # more inferences/s, 2-5 % less CPU). A process still busy with earlier batches gets
+            # it with whatever else this turn sends it, in one write (py_identity c=32 lost a
+            # quarter of its inferences/s to flushing every time).
+            process.flush()
         for response in message.responses:
             self._deliver(pending, response, process)
         if pending.open:
@@ -386,6 +396,10 @@ class PythonInstance(ModelInstance):
                     f"model '{self.model.config.name}' returned no response for a request: execute must return "
                     "one InferenceResponse per request or send it through the request's response sender"))
         self._forget_if_done(pending)
+
+    def _idle_before(self, newest: int) -> bool:
+        """Whether every batch up to id `newest` has executed (a snapshot: other threads may submit)."""
+        return all(other.executed or other.batch_id > newest for other in list(self._pending.values()))
 
     def _mark_executed(self, pending: _Pending, times: ExecutionTimes | None = None) -> None:
         """The model is done executing the batch (or its process died): the scheduler may give

@@ -171,12 +171,13 @@ class StubProcess:
             if self._outbox:
                 self._outbox.append(message)
                 return
-            if call_soon is not None and call_soon(self._flush):
+            if call_soon is not None and call_soon(self.flush):
                 self._outbox.append(message)
                 return
         self.send(message)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send what `send_soon` holds for the end of this turn of the event loop, now."""
         with self._outbox_lock:
             messages, self._outbox = self._outbox, []
         if messages and self.channel is not None:
