@@ -238,6 +238,23 @@ def test_cancelled_requests_leave_the_queue_without_running():
     assert [(job.request.id, error) for job, error in dropped] == [("gone", None)]
 
 
+def test_a_request_cancelled_before_it_is_queued_leaves_without_running():
+    # The queues are scanned for cancelled jobs only after a cancel since they were last found
+    # clean: a job that comes already cancelled must be found all the same.
+    instance, dropped = Instance(), []
+    batcher = _batcher(instance, dropped)
+    _busy(batcher, instance)
+    early, other, kept = _job("early", size=8), _job("other", size=8), _job("kept", size=8)
+    early.cancel()
+    batcher.submit(other)  # its turn of the pump finds the queue clean after that cancel
+    batcher.submit(early)
+    batcher.submit(kept)
+    instance.release()
+    assert instance.wait_batches(3)[1:] == [["other"], ["kept"]]
+    batcher.stop()
+    assert [(job.request.id, error) for job, error in dropped] == [("early", None)]
+
+
 def test_preserve_ordering_delivers_responses_in_arrival_order():
     delivered: list[str] = []
     slow_started = threading.Event()

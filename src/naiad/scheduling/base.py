@@ -53,8 +53,8 @@ class Job:
     The batching fields are filled by the core when the job is made: `batch_size` (the leading
     dimension for batching models, else 1), `shape_key` (requests batch together only when their
     keys are equal), `priority` (the requested level, 0 = default), `deadline_ns` (monotonic,
-    0 = none). `cancel()` marks `cancelled` when nobody waits for the answer any more; `trace` is stamped
-    along the way when the request is traced.
+    0 = none). `cancel()` sets `cancelled` when nobody waits for the answer any more; `trace` is
+    stamped along the way when the request is traced.
     """
 
     request: InferRequest

@@ -108,6 +108,8 @@ class DynamicBatcher(PumpedScheduler):
                 job.sink = self._ordering.stamp(job.sink)  # only jobs that will be answered take a turn
             if job.deadline_ns:
                 self._deadlines += 1
+            if job.cancelled:
+                self._clean_at = -1  # cancelled before it came: no count will tell the next scan
             queue.append(job)
             if self._pullers:
                 self._changed.notify()
@@ -195,6 +197,7 @@ class DynamicBatcher(PumpedScheduler):
             self._changed.wait(wait_ns / 1e9)
 
     def _requeue(self, jobs: list[Job]) -> None:
+        self._clean_at = -1  # a job may have been cancelled while out of the queues, unseen by a scan
         for job in reversed(jobs):
             if job.deadline_ns:
                 self._deadlines += 1
