@@ -381,10 +381,11 @@ class PythonInstance(ModelInstance):
         if process is not None and self._idle_before(newest):
             # The model process has nothing left to execute but what the scheduler just gave it:
             # that goes out now, not at the end of this turn of the loop, and the model computes
-            # it while the responses below are encoded and written (py_mlp c=8 and c=32: 1-9 %
-            # more inferences/s, 2-5 % less CPU). A process still busy with earlier batches gets
-            # it with whatever else this turn sends it, in one write (py_identity c=32 lost a
-            # quarter of its inferences/s to flushing every time).
+            # it while the responses below are encoded and written (py_mlp at c=8 and 32: up to
+            # 10 % more inferences/s and 8 % less CPU each; docs/benchmarks.md, 2026-12-05
+            # 20:34). A process still busy with earlier batches gets it with whatever else this
+            # turn sends it, in one write (py_identity c=32 lost a quarter of its inferences/s
+            # to flushing every time).
             process.flush()
         for response in message.responses:
             self._deliver(pending, response, process)
