@@ -32,6 +32,7 @@ from naiad.llm.engine.guided import MaskFiller
 from naiad.llm.engine.scheduler import SchedulerOutput
 from naiad.llm.engine.sequence import Sequence, TokenLogprobs
 from naiad.llm.kernels import triton_attention
+from naiad.llm.layers import huge_pages
 from naiad.llm.layers.attention import AttentionMetadata, allocate_kv_caches
 from naiad.llm.layers.calibration import calibration_tokens, input_rms, outlier_columns
 from naiad.llm.layers.cpu_linear import can_prepack, prepack_linears
@@ -145,9 +146,14 @@ class ModelRunner:
                 device = self.device if self.device.type == "cuda" else torch.device("cpu")
                 columns = outlier_columns(self._calibrate(), tp, self.model.row_parallel, device)
             quantize_linears(self.model, quantization, columns)
-            self.model.model.fused_decode = FusedDecode.build(self.model.model)
-        elif can_prepack(self.dtype, self.device):
+        packed = quantization != "none" or can_prepack(self.dtype, self.device)
+        if quantization == "none" and packed:
             prepack_linears(self.model)
+        if self.device.type == "cpu":
+            # Weights in their final layout onto huge pages (a step at one stream reads them all),
+            # before the fused decode's table takes their addresses.
+            huge_pages.place(self.model)
+        if packed:
             self.model.model.fused_decode = FusedDecode.build(self.model.model)
         self.kv_cache_memory = kv_cache_budget(config, self.device)
         # This rank's kv heads of its stage's layers; every rank of every stage must have the same

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from naiad.llm import kernels
 from naiad.llm.kernels import triton_attention
+from naiad.llm.layers import huge_pages
 
 #: One layer's cache: (keys, values), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -50,6 +51,9 @@ def allocate_kv_caches(
     there would survive its zero attention weight (0 * NaN is NaN).
     """
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    if torch.device(device).type == "cpu":  # on huge pages, as the weights: decode attention streams them
+        tensors = huge_pages.zeros([shape] * (2 * num_layers), dtype)
+        return [(tensors[2 * i], tensors[2 * i + 1]) for i in range(num_layers)]
     return [
         (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
         for _ in range(num_layers)
