@@ -16,9 +16,10 @@
  * even (a zero weight fills it).
  *
  * Rows are taken four at a time against two panels (eight sums in registers, each weight load used
- * four times, each broadcast of x twice). One row alone gets two streams of weights and two chains
- * of sums that way: +9 % a step at one stream in the engine against one panel in two chains
- * (docs/benchmarks.md). An odd last panel runs alone, its sums in two chains (even and odd pairs).
+ * four times, each broadcast of x twice). One row alone is taken against four panels: four streams
+ * of weights (two panels were +9 % a step at one stream in the engine against one panel in two
+ * chains, and four a further +3 %; docs/benchmarks.md). An odd last panel runs alone, its sums in
+ * two chains (even and odd pairs).
  * Pairs of panels are split over the caller's thread count, run on torch's OpenMP team
  * (thread_pool.c). Each output is computed by one thread in a fixed order, and panels pair the same
  * way whatever the split: the thread count changes nothing.
@@ -121,6 +122,25 @@ static inline __attribute__((always_inline)) void one_panel(const job_t *job, in
     for (int r = 0; r < nr; r++) store(job, p, r0 + r, _mm512_add_ps(a[r], b[r]));
 }
 
+/* One row against panels p to p + 3: four streams of weights in flight instead of two, so that a
+ * core keeps more reads outstanding (a decode step's linears at one row, same process, alternating:
+ * faster in 29 of 38 pairs, +3 % median; docs/benchmarks.md). Each output's sum is still one chain
+ * over the pairs in order, so the bits are two_panels'. */
+static inline __attribute__((always_inline)) void four_panels_one_row(const job_t *job, int64_t p) {
+    const int64_t stride = job->pairs * PANEL * 2;
+    const uint16_t *w0 = job->w + p * stride, *w1 = w0 + stride, *w2 = w1 + stride, *w3 = w2 + stride;
+    const int32_t *x = (const int32_t *)job->x;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t k = 0; k < job->pairs; k++) {
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(x[k]);
+        a0 = _mm512_dpbf16_ps(a0, xv, (__m512bh)_mm512_loadu_si512(w0 + k * PANEL * 2));
+        a1 = _mm512_dpbf16_ps(a1, xv, (__m512bh)_mm512_loadu_si512(w1 + k * PANEL * 2));
+        a2 = _mm512_dpbf16_ps(a2, xv, (__m512bh)_mm512_loadu_si512(w2 + k * PANEL * 2));
+        a3 = _mm512_dpbf16_ps(a3, xv, (__m512bh)_mm512_loadu_si512(w3 + k * PANEL * 2));
+    }
+    store(job, p, 0, a0), store(job, p + 1, 0, a1), store(job, p + 2, 0, a2), store(job, p + 3, 0, a3);
+}
+
 #define BY_ROWS(fn, job, p, r0, nr)                                                                                  \
     switch (nr) {                                                                                                    \
     case 1: fn(job, p, r0, 1); break;                                                                                \
@@ -132,6 +152,8 @@ static inline __attribute__((always_inline)) void one_panel(const job_t *job, in
 static void *panels(void *arg) {
     const job_t *job = (const job_t *)arg;
     int64_t p = job->first;
+    if (job->rows == 1) /* a decode step of one sequence: reading the weights is all it does */
+        for (; p + 3 < job->last; p += 4) four_panels_one_row(job, p);
     for (; p + 1 < job->last; p += 2)
         for (int64_t r0 = 0; r0 < job->rows; r0 += ROW_TILE) {
             const int64_t nr = job->rows - r0 < ROW_TILE ? job->rows - r0 : ROW_TILE;
