@@ -61,6 +61,10 @@ def zeros(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch.Tenso
         return [torch.zeros(shape, dtype=dtype) for shape in shapes]
     sizes = [_aligned(_numel(shape) * dtype.itemsize) for shape in shapes]
     memory = arena(max(1, sum(sizes)))
+    # Written now, as torch.zeros writes: otherwise each huge page faults in while serving, the
+    # first request to touch it waiting for the kernel to zero (or compact memory for) 2 MiB
+    # (a 128-token prefill took 120-245 ms instead of ~80 that way).
+    memory.zero_()
     tensors, offset = [], 0
     for shape, size in zip(shapes, sizes, strict=True):
         tensors.append(memory[offset : offset + _numel(shape) * dtype.itemsize].view(dtype).view(shape))
