@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -75,3 +77,48 @@ def test_rotary_refuses_heads_that_are_not_contiguous() -> None:
     q = torch.randn(4, 8, 3).transpose(1, 2)  # [4, 3, 8] with heads strided
     with pytest.raises(ValueError, match="contiguous"):
         kernels.rotary_(q, q, torch.ones(4, 8), torch.zeros(4, 8))
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    """torch (and so the kernels' OpenMP team) on two threads, whatever the machine has."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("two_threads")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_prompt_split_over_threads_rotates_as_one_token_at_a_time(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(4)
+    tokens, heads, kv_heads, dim = 70, 4, 2, 32  # 70 tokens: jobs of 35 on two threads
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator).to(dtype)
+    angles = torch.rand(tokens, dim // 2, generator=generator) * 6
+    emb = torch.cat((angles, angles), dim=-1)[:, None, :]
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    alone = qkv.clone()
+    for t in range(tokens):  # one token per call: always on the calling thread
+        row = alone[t : t + 1]
+        kernels.rotary_(row[:, : heads * dim].view(1, heads, dim),
+                        row[:, heads * dim : (heads + kv_heads) * dim].view(1, kv_heads, dim), cos[t], sin[t])
+    q = qkv[:, : heads * dim].view(tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    expected_q = apply_rotary(q.clone(), cos, sin)
+    kernels.rotary_(q, k, cos, sin)
+    bits = torch.int16 if dtype != torch.float32 else torch.int32
+    assert torch.equal(qkv.view(bits), alone.view(bits))
+    torch.testing.assert_close(q.float(), expected_q.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.usefixtures("two_threads")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_split_over_threads_gate_as_one_row_at_a_time(dtype: torch.dtype) -> None:
+    gate_up = (torch.randn(70, 2 * 80, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)
+    together = kernels.silu_mul(gate_up)
+    one_by_one = torch.cat([kernels.silu_mul(gate_up[r : r + 1]) for r in range(70)])
+    bits = torch.int16 if dtype != torch.float32 else torch.int32
+    assert torch.equal(together.view(bits), one_by_one.view(bits))
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(together.float(), (F.silu(gate) * up).float(), atol=TOLERANCE[dtype],
+                               rtol=TOLERANCE[dtype])

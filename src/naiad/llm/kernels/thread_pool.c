@@ -1,6 +1,6 @@
 /*
- * How the CPU kernels (q8_linear, paged decode attention) run their jobs in parallel: on the
- * OpenMP threads torch itself uses.
+ * How the CPU kernels (the linears, paged decode attention, a prompt's rotary and gating) run their
+ * jobs in parallel: on the OpenMP threads torch itself uses.
  *
  * A decode step of a 30-layer model makes some 150 kernel calls of 10-100 us each, between torch
  * operations that run on torch's OpenMP threads. Threads of our own cost either a wake-up per
@@ -35,4 +35,12 @@ void pool_run(job_fn fn, void *jobs, size_t job_size, int n) {
     }
 #endif
     for (int t = 0; t < n; t++) fn(base + (size_t)t * job_size); /* built without OpenMP: one thread */
+}
+
+int pool_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
 }

@@ -10,4 +10,7 @@ typedef void *(*job_fn)(void *);
  * thread among them); returns when every job is done. */
 void pool_run(job_fn fn, void *jobs, size_t job_size, int n);
 
+/* How many threads pool_run can use here: torch's OpenMP thread count (1 without OpenMP). */
+int pool_threads(void);
+
 #endif
