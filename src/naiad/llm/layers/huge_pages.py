@@ -2,9 +2,10 @@
 
 At one stream a decode step does little but read every weight once, so it runs at the rate the
 CPU streams memory, and on this project's machines that rate depends on the page size: a 256 MB
-buffer summed by two threads read at 33-41 GB/s on 4 KiB pages and at 50-65 GB/s on 2 MiB pages,
-same process, alternating (docs/benchmarks.md). A hardware prefetcher stops at every 4 KiB page
-boundary and each page costs a TLB entry; a huge page gives it 2 MiB to run through.
+buffer summed by two threads, same process, alternating, read at 33-41 GB/s on 4 KiB pages against
+50-65 on 2 MiB pages at one time, 29-32 against 33-36 at another, and never slower on huge pages
+(docs/benchmarks.md). A hardware prefetcher stops at every 4 KiB page boundary and each page costs
+a TLB entry; a huge page gives it 2 MiB to run through.
 
 Linux backs an anonymous private mapping with huge pages where the mapping is advised to
 (`MADV_HUGEPAGE`; `/sys/kernel/mm/transparent_hugepage/enabled` set to "madvise", the usual
