@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,23 @@ def test_an_engine_sizes_its_cache_from_the_fraction(
     engine = LLMEngine(EngineConfig(model=tiny_models["llama"], dtype="float32", block_size=4, kv_cache_fraction=0.5))
     # the tiny model: 2 layers, 2 KV heads of 16 dims, float32
     assert engine.runner.num_blocks == num_blocks_for(32 << 20, 4, 2, 2, 16, 4)
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="not glibc")
+def test_freed_heap_memory_goes_back_to_the_system() -> None:
+    # 1,600 blocks of 64 KiB: under glibc's mmap threshold, so they come from the heap, and the
+    # last one keeps the heap's top in place when the rest are freed.
+    blocks = [bytearray(64 << 10) for _ in range(1_600)]
+    keep = bytearray(64 << 10)
+    del blocks
+    before = _rss_bytes()
+    model_runner.release_freed_heap()
+    assert before - _rss_bytes() > 50 << 20  # most of the 100 MiB freed
+    assert len(keep) == 64 << 10

@@ -16,6 +16,8 @@ Under pipeline parallelism each stage's runner holds its layers and their KV cac
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,6 +121,14 @@ def available_host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def release_freed_heap() -> None:
+    """Hand the heap memory that loading freed (the checkpoint's tensors, the weights before
+    packing) back to the system: glibc keeps freed heap memory for later allocations, 137 MiB of
+    the 870 MiB the 123M model's engine process held after loading. Nothing to do elsewhere."""
+    with contextlib.suppress(AttributeError, OSError):  # not glibc
+        ctypes.CDLL(None).malloc_trim(0)
+
+
 class ModelRunner:
     """Owns torch: the model, `num_blocks` KV blocks per layer, and the sampler's generators."""
 
@@ -155,6 +165,7 @@ class ModelRunner:
             huge_pages.place(self.model)
         if packed:
             self.model.model.fused_decode = FusedDecode.build(self.model.model)
+        release_freed_heap()
         self.kv_cache_memory = kv_cache_budget(config, self.device)
         # This rank's kv heads of its stage's layers; every rank of every stage must have the same
         # blocks (the block tables are shared).
