@@ -41,12 +41,8 @@ def read_rate(nbytes: int, repeats: int = 7) -> float:
     The buffer lies on huge pages where the engine puts its weights there (naiad.llm.layers.
     huge_pages): the ceiling is then the fastest rate this machine reads, not the 4 KiB-page rate
     (up to 33-41 against 50-65 GB/s on the same machine at the same time; docs/benchmarks.md)."""
-    count = max(1, nbytes // 4)
-    if huge_pages.supported():
-        buffer = huge_pages.arena(count * 4).view(torch.float32)
-        buffer.fill_(1.0)
-    else:
-        buffer = torch.ones(count, dtype=torch.float32)
+    buffer = huge_pages.zeros([(max(1, nbytes // 4),)], torch.float32)[0]
+    buffer.fill_(1.0)
     buffer.sum()
     times = []
     for _ in range(repeats):

@@ -149,16 +149,17 @@ class ModelRunner:
         self.args = self.model.args
         self.dtype = self.model.dtype
         self.block_size = config.block_size
-        if quantization != "none":
+        packed = quantization != "none"  # the linears in a kernel's layout: the fused decode applies
+        if packed:
             columns = None
             if quantization == "int8":
                 # gloo exchanges CPU tensors, NCCL device ones
                 device = self.device if self.device.type == "cuda" else torch.device("cpu")
                 columns = outlier_columns(self._calibrate(), tp, self.model.row_parallel, device)
             quantize_linears(self.model, quantization, columns)
-        packed = quantization != "none" or can_prepack(self.dtype, self.device)
-        if quantization == "none" and packed:
+        elif can_prepack(self.dtype, self.device):
             prepack_linears(self.model)
+            packed = True
         if self.device.type == "cpu":
             # Weights in their final layout onto huge pages (a step at one stream reads them all),
             # before the fused decode's table takes their addresses.

@@ -17,6 +17,7 @@ no `MADV_HUGEPAGE`, nothing moves and nothing changes.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import sys
@@ -60,7 +61,7 @@ def zeros(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch.Tenso
     (else plain `torch.zeros`)."""
     if not supported():
         return [torch.zeros(shape, dtype=dtype) for shape in shapes]
-    sizes = [_aligned(_numel(shape) * dtype.itemsize) for shape in shapes]
+    sizes = [_aligned(math.prod(shape) * dtype.itemsize) for shape in shapes]
     memory = arena(max(1, sum(sizes)))
     # Written now, as torch.zeros writes: otherwise each huge page faults in while serving, the
     # first request to touch it waiting for the kernel to zero (or compact memory for) 2 MiB
@@ -68,7 +69,7 @@ def zeros(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch.Tenso
     memory.zero_()
     tensors, offset = [], 0
     for shape, size in zip(shapes, sizes, strict=True):
-        tensors.append(memory[offset : offset + _numel(shape) * dtype.itemsize].view(dtype).view(shape))
+        tensors.append(memory[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape))
         offset += size
     return tensors
 
@@ -126,9 +127,3 @@ def place(module: nn.Module, min_bytes: int = 64 << 10) -> int:
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
