@@ -71,9 +71,38 @@ def test_the_panel_layout_holds_each_pair_of_inputs_for_sixteen_outputs() -> Non
     weight = torch.arange(20 * 5, dtype=torch.float32).view(20, 5).bfloat16()
     panels = kernels.bf16_panels(weight)
     assert panels.shape == (2, 3, 16, 2)  # 20 outputs in 2 panels, 5 inputs padded to 3 pairs
-    assert torch.equal(panels[0, 1, 4], weight[4, 2:4])  # panel 0, inputs 2-3, output 4
-    assert torch.equal(panels[1, 2, 3], torch.stack([weight[19, 4], torch.tensor(0.0).bfloat16()]))  # padding is 0
-    assert not panels[1, :, 4:].any()  # outputs past 20
+    assert torch.equal(kernels.bf16_panel(panels, 0)[1, 4], weight[4, 2:4])  # panel 0, inputs 2-3, output 4
+    last = kernels.bf16_panel(panels, 1)
+    assert torch.equal(last[2, 3], torch.stack([weight[19, 4], torch.tensor(0.0).bfloat16()]))  # padding is 0
+    assert not last[:, 4:].any()  # outputs past 20
+
+
+def test_groups_of_four_panels_lie_interleaved_pair_by_pair() -> None:
+    weight = torch.randn(16 * 6, 8).bfloat16()  # six panels: a group of four, then one of two
+    memory = kernels.bf16_panels(weight).flatten()
+    pairs, pair = 4, 16 * 2
+    first_group = memory[:4 * pairs * pair].view(pairs, 4, 16, 2)
+    second_group = memory[4 * pairs * pair:].view(pairs, 2, 16, 2)
+    for k in range(pairs):
+        for j in range(4):
+            assert torch.equal(first_group[k, j], weight[16 * j:16 * (j + 1), 2 * k:2 * k + 2])
+        for j in range(2):
+            assert torch.equal(second_group[k, j], weight[16 * (4 + j):16 * (5 + j), 2 * k:2 * k + 2])
+    for panel in range(6):
+        assert torch.equal(kernels.bf16_panel(kernels.bf16_panels(weight), panel),
+                           weight[16 * panel:16 * (panel + 1)].view(16, 4, 2).transpose(0, 1))
+
+
+@needs_bf16
+@pytest.mark.parametrize("out_features", [64, 80, 96, 112, 33, 200])  # last group of 4, 1, 2, 3 panels
+def test_a_row_comes_out_the_same_alone_or_among_others(out_features: int) -> None:
+    """One row runs against a group's four panels alone, several rows four at a time: each output's
+    sum is the same chain either way, so each row's bits are the same."""
+    x, weight, b = _case(7, out_features, 50, True)
+    panels = kernels.bf16_panels(weight)
+    together = kernels.bf16_linear(x, panels, b, out_features)
+    for row in range(7):
+        assert torch.equal(kernels.bf16_linear(x[row:row + 1], panels, b, out_features)[0], together[row])
 
 
 @needs_bf16

@@ -9,20 +9,24 @@
  * on the 123M Llama's shapes, measured side by side (docs/benchmarks.md).
  *
  * Weight layout (kernels.bf16_panels, chosen at load so that the inner loop streams through memory,
- * as q8_linear.c's): panels of 16 output channels, `[panels, in_pad / 2, 16, 2]`, i.e. for each pair
- * of inputs, the 16 channels' two weights. One 64-byte load then feeds AVX512-BF16's `vdpbf16ps`,
- * which multiplies 16 pairs by one broadcast pair of x and adds each pair's sum into one of 16
- * float32 lanes: one lane per output channel, no horizontal sums. `in_pad` is `in` rounded up to
- * even (a zero weight fills it).
+ * as q8_linear.c's): panels of 16 output channels, each holding, for each pair of inputs, the 16
+ * channels' two weights (64 bytes). One 64-byte load then feeds AVX512-BF16's `vdpbf16ps`, which
+ * multiplies 16 pairs by one broadcast pair of x and adds each pair's sum into one of 16 float32
+ * lanes: one lane per output channel, no horizontal sums. `in_pad` is `in` rounded up to even (a
+ * zero weight fills it). The panels are stored in groups of four (the last group may be smaller),
+ * interleaved pair by pair: group g is `[in_pad / 2, its panels, 16, 2]`, so the tile below that
+ * takes a group's four panels reads one sequential stream of memory. Four streams, one per panel
+ * (the layout before), read 0.84x as fast on this machine's huge pages while its memory streamed
+ * fast (40.7 against 47.5-48.5 GB/s), 0.96-0.99x while it streamed at ~33 GB/s (a decode step's
+ * linears, same process, alternating; docs/benchmarks.md).
  *
- * Rows are taken four at a time against two panels (eight sums in registers, each weight load used
- * four times, each broadcast of x twice). One row alone is taken against four panels: four streams
- * of weights (two panels were +9 % a step at one stream in the engine against one panel in two
- * chains, and four a further +3 %; docs/benchmarks.md). An odd last panel runs alone, its sums in
- * two chains (even and odd pairs).
- * Pairs of panels are split over the caller's thread count, run on torch's OpenMP team
- * (thread_pool.c). Each output is computed by one thread in a fixed order, and panels pair the same
- * way whatever the split: the thread count changes nothing.
+ * Rows are taken four at a time against a group's four panels (sixteen sums in registers, each
+ * weight load used four times, each broadcast of x four times); a smaller last group runs two
+ * panels at a time, and an odd last panel alone, its sums in two chains (even and odd pairs). Every
+ * other output's sum is one chain over the pairs in order, so the tile shapes change no bit.
+ * The groups (times the row tiles, for many rows) are split over the caller's thread count, run on
+ * torch's OpenMP team (thread_pool.c). Each output is computed by one thread in a fixed order: the
+ * thread count changes nothing.
  *
  * Needs AVX512-BF16, checked at run time (bf16_linear_supported); without it the Python side keeps
  * oneDNN's linear.
@@ -41,6 +45,7 @@
 
 #define PANEL 16
 #define ROW_TILE 4
+#define GROUP 4 /* panels per group */
 #define MAX_THREADS 64
 
 /* 1 when this build has the AVX512-BF16 path and the CPU runs it. */
@@ -57,11 +62,24 @@ int bf16_linear_supported(void) {
 #if HAVE_BF16_BUILD
 typedef struct {
     const uint16_t *x;    /* [rows, in_pad] */
-    const uint16_t *w;    /* [panels, in_pad / 2, 16, 2] */
+    const uint16_t *w;    /* groups of four panels, each group [in_pad / 2, its panels, 16, 2] */
     const uint16_t *bias; /* [out] or NULL */
     uint16_t *y;          /* [rows, out] */
-    int64_t rows, pairs, out, first, last; /* pairs = in_pad / 2; panels [first, last) */
+    int64_t rows, pairs, out, panel_count, first, last; /* pairs = in_pad / 2; tiles [first, last) */
 } job_t;
+
+/* Where panel p's pair k lies: its group's start, then k times the group's width, then p's place. */
+typedef struct {
+    const uint16_t *w;
+    int64_t k_stride; /* uint16 per pair of the group: its panels times 32 */
+} panel_t;
+
+static inline panel_t panel_at(const job_t *job, int64_t p) {
+    const int64_t group = p / GROUP, size = job->panel_count - group * GROUP < GROUP ? job->panel_count - group * GROUP
+                                                                                      : GROUP;
+    return (panel_t){job->w + group * GROUP * job->pairs * PANEL * 2 + (p - group * GROUP) * PANEL * 2,
+                     size * PANEL * 2};
+}
 
 /* Rows [r0, r0 + nr) of panel p's 16 outputs, from the float32 sums `sum`. */
 static inline __attribute__((always_inline)) void store(const job_t *job, int64_t p, int64_t r, __m512 sum) {
@@ -76,18 +94,43 @@ static inline __attribute__((always_inline)) void store(const job_t *job, int64_
     _mm256_mask_storeu_epi16(job->y + r * job->out + n0, mask, (__m256i)_mm512_cvtneps_pbh(sum));
 }
 
-/* Rows [r0, r0 + nr) against panels p and p + 1; nr is a constant after inlining. */
-static inline __attribute__((always_inline)) void two_panels(const job_t *job, int64_t p, int64_t r0, const int nr) {
-    const uint16_t *w0 = job->w + p * job->pairs * PANEL * 2, *w1 = w0 + job->pairs * PANEL * 2;
+/* Rows [r0, r0 + nr) against a whole group, panels p to p + 3 (p a multiple of four), its pairs one
+ * sequential stream; nr is a constant after inlining. */
+static inline __attribute__((always_inline)) void four_panels(const job_t *job, int64_t p, int64_t r0, const int nr) {
+    const uint16_t *w = panel_at(job, p).w;
     const int32_t *x[ROW_TILE]; /* a pair of bf16 inputs read as one 32-bit lane */
+    __m512 a[ROW_TILE][GROUP];
+    for (int r = 0; r < nr; r++) {
+        x[r] = (const int32_t *)(job->x + (r0 + r) * job->pairs * 2);
+        for (int j = 0; j < GROUP; j++) a[r][j] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < job->pairs; k++, w += GROUP * PANEL * 2) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32);
+        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + 64), w3 = (__m512bh)_mm512_loadu_si512(w + 96);
+        for (int r = 0; r < nr; r++) {
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(x[r][k]);
+            a[r][0] = _mm512_dpbf16_ps(a[r][0], xv, w0);
+            a[r][1] = _mm512_dpbf16_ps(a[r][1], xv, w1);
+            a[r][2] = _mm512_dpbf16_ps(a[r][2], xv, w2);
+            a[r][3] = _mm512_dpbf16_ps(a[r][3], xv, w3);
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int j = 0; j < GROUP; j++) store(job, p + j, r0 + r, a[r][j]);
+}
+
+/* Rows [r0, r0 + nr) against panels p and p + 1 of the last, smaller group. */
+static inline __attribute__((always_inline)) void two_panels(const job_t *job, int64_t p, int64_t r0, const int nr) {
+    const panel_t at = panel_at(job, p);
+    const int32_t *x[ROW_TILE];
     __m512 a[ROW_TILE], b[ROW_TILE];
     for (int r = 0; r < nr; r++) {
         x[r] = (const int32_t *)(job->x + (r0 + r) * job->pairs * 2);
         a[r] = _mm512_setzero_ps(), b[r] = _mm512_setzero_ps();
     }
     for (int64_t k = 0; k < job->pairs; k++) {
-        const __m512bh wa = (__m512bh)_mm512_loadu_si512(w0 + k * PANEL * 2);
-        const __m512bh wb = (__m512bh)_mm512_loadu_si512(w1 + k * PANEL * 2);
+        const __m512bh wa = (__m512bh)_mm512_loadu_si512(at.w + k * at.k_stride);
+        const __m512bh wb = (__m512bh)_mm512_loadu_si512(at.w + k * at.k_stride + PANEL * 2);
         for (int r = 0; r < nr; r++) {
             const __m512bh xv = (__m512bh)_mm512_set1_epi32(x[r][k]);
             a[r] = _mm512_dpbf16_ps(a[r], xv, wa);
@@ -97,9 +140,9 @@ static inline __attribute__((always_inline)) void two_panels(const job_t *job, i
     for (int r = 0; r < nr; r++) store(job, p, r0 + r, a[r]), store(job, p + 1, r0 + r, b[r]);
 }
 
-/* Rows [r0, r0 + nr) against panel p alone, in two chains of sums (even and odd pairs). */
+/* Rows [r0, r0 + nr) against an odd last panel p alone, in two chains of sums (even and odd pairs). */
 static inline __attribute__((always_inline)) void one_panel(const job_t *job, int64_t p, int64_t r0, const int nr) {
-    const uint16_t *w = job->w + p * job->pairs * PANEL * 2;
+    const panel_t at = panel_at(job, p);
     const int32_t *x[ROW_TILE];
     __m512 a[ROW_TILE], b[ROW_TILE];
     for (int r = 0; r < nr; r++) {
@@ -108,37 +151,18 @@ static inline __attribute__((always_inline)) void one_panel(const job_t *job, in
     }
     int64_t k = 0;
     for (; k + 1 < job->pairs; k += 2) {
-        const __m512bh wa = (__m512bh)_mm512_loadu_si512(w + k * PANEL * 2);
-        const __m512bh wb = (__m512bh)_mm512_loadu_si512(w + (k + 1) * PANEL * 2);
+        const __m512bh wa = (__m512bh)_mm512_loadu_si512(at.w + k * at.k_stride);
+        const __m512bh wb = (__m512bh)_mm512_loadu_si512(at.w + (k + 1) * at.k_stride);
         for (int r = 0; r < nr; r++) {
             a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)_mm512_set1_epi32(x[r][k]), wa);
             b[r] = _mm512_dpbf16_ps(b[r], (__m512bh)_mm512_set1_epi32(x[r][k + 1]), wb);
         }
     }
     if (k < job->pairs) {
-        const __m512bh wa = (__m512bh)_mm512_loadu_si512(w + k * PANEL * 2);
+        const __m512bh wa = (__m512bh)_mm512_loadu_si512(at.w + k * at.k_stride);
         for (int r = 0; r < nr; r++) a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)_mm512_set1_epi32(x[r][k]), wa);
     }
     for (int r = 0; r < nr; r++) store(job, p, r0 + r, _mm512_add_ps(a[r], b[r]));
-}
-
-/* One row against panels p to p + 3: four streams of weights in flight instead of two, so that a
- * core keeps more reads outstanding (a decode step's linears at one row, same process, alternating:
- * faster in 29 of 38 pairs, +3 % median; docs/benchmarks.md). Each output's sum is still one chain
- * over the pairs in order, so the bits are two_panels'. */
-static inline __attribute__((always_inline)) void four_panels_one_row(const job_t *job, int64_t p) {
-    const int64_t stride = job->pairs * PANEL * 2;
-    const uint16_t *w0 = job->w + p * stride, *w1 = w0 + stride, *w2 = w1 + stride, *w3 = w2 + stride;
-    const int32_t *x = (const int32_t *)job->x;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t k = 0; k < job->pairs; k++) {
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(x[k]);
-        a0 = _mm512_dpbf16_ps(a0, xv, (__m512bh)_mm512_loadu_si512(w0 + k * PANEL * 2));
-        a1 = _mm512_dpbf16_ps(a1, xv, (__m512bh)_mm512_loadu_si512(w1 + k * PANEL * 2));
-        a2 = _mm512_dpbf16_ps(a2, xv, (__m512bh)_mm512_loadu_si512(w2 + k * PANEL * 2));
-        a3 = _mm512_dpbf16_ps(a3, xv, (__m512bh)_mm512_loadu_si512(w3 + k * PANEL * 2));
-    }
-    store(job, p, 0, a0), store(job, p + 1, 0, a1), store(job, p + 2, 0, a2), store(job, p + 3, 0, a3);
 }
 
 #define BY_ROWS(fn, job, p, r0, nr)                                                                                  \
@@ -149,21 +173,23 @@ static inline __attribute__((always_inline)) void four_panels_one_row(const job_
     default: fn(job, p, r0, 4); break;                                                                               \
     }
 
+/* The job's tiles: tile t is group t / row_tiles against row tile t % row_tiles (a thread keeps a
+ * group's weights in cache over its row tiles). */
 static void *panels(void *arg) {
     const job_t *job = (const job_t *)arg;
-    int64_t p = job->first;
-    if (job->rows == 1) /* a decode step of one sequence: reading the weights is all it does */
-        for (; p + 3 < job->last; p += 4) four_panels_one_row(job, p);
-    for (; p + 1 < job->last; p += 2)
-        for (int64_t r0 = 0; r0 < job->rows; r0 += ROW_TILE) {
-            const int64_t nr = job->rows - r0 < ROW_TILE ? job->rows - r0 : ROW_TILE;
-            BY_ROWS(two_panels, job, p, r0, nr)
+    const int64_t row_tiles = (job->rows + ROW_TILE - 1) / ROW_TILE;
+    for (int64_t t = job->first; t < job->last; t++) {
+        const int64_t p0 = t / row_tiles * GROUP, r0 = t % row_tiles * ROW_TILE;
+        const int64_t nr = job->rows - r0 < ROW_TILE ? job->rows - r0 : ROW_TILE;
+        const int64_t end = p0 + GROUP < job->panel_count ? p0 + GROUP : job->panel_count;
+        if (end - p0 == GROUP) {
+            BY_ROWS(four_panels, job, p0, r0, nr)
+            continue;
         }
-    for (; p < job->last; p++) /* an odd last panel */
-        for (int64_t r0 = 0; r0 < job->rows; r0 += ROW_TILE) {
-            const int64_t nr = job->rows - r0 < ROW_TILE ? job->rows - r0 : ROW_TILE;
-            BY_ROWS(one_panel, job, p, r0, nr)
-        }
+        int64_t p = p0;
+        for (; p + 1 < end; p += 2) BY_ROWS(two_panels, job, p, r0, nr)
+        if (p < end) BY_ROWS(one_panel, job, p, r0, nr)
+    }
     return NULL;
 }
 #endif
@@ -184,14 +210,13 @@ int bf16_linear(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint
     }
     if (num_threads < 1) num_threads = 1;
     if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
-    /* whole pairs of panels per thread where there are enough (the two-panel tiles) */
-    const int64_t units = (panel_count + 1) / 2;
+    /* the tiles (a group against up to four rows), in contiguous runs per thread */
+    const int64_t units = (panel_count + GROUP - 1) / GROUP * ((rows + ROW_TILE - 1) / ROW_TILE);
     if (num_threads > units) num_threads = units;
     job_t jobs[MAX_THREADS];
-    for (int64_t t = 0; t < num_threads; t++) {
-        const int64_t first = 2 * (units * t / num_threads), last = 2 * (units * (t + 1) / num_threads);
-        jobs[t] = (job_t){x, w, bias, y, rows, in_pad / 2, out, first, last < panel_count ? last : panel_count};
-    }
+    for (int64_t t = 0; t < num_threads; t++)
+        jobs[t] = (job_t){x, w, bias, y, rows, in_pad / 2, out, panel_count, units * t / num_threads,
+                          units * (t + 1) / num_threads};
     pool_run(panels, jobs, sizeof jobs[0], (int)num_threads);
     free(padded);
     return 0;
