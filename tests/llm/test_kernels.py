@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,34 @@ def test_kernels_can_be_turned_off(fresh_library, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's memory map (Linux)")
+class _TileRun(ctypes.Structure):
+    _fields_ = [("next_end", ctypes.c_uint64), ("_line", ctypes.c_uint8 * 56)]  # thread_pool.h: a cache line each
+
+
+def _take_all(runs: ctypes.Array, jobs: int, order: list[int]) -> list[tuple[int, int]]:
+    """(job, tile) for every tile claimed, the jobs asking in turn as `order` says until none is left."""
+    lib, taken = kernels.library(), []
+    lib.tiles_next.restype = ctypes.c_int64
+    for job in itertools.cycle(order):
+        tile = lib.tiles_next(runs, jobs, job)
+        if tile < 0:
+            return taken
+        taken.append((job, tile))
+
+
+def test_jobs_take_their_own_run_in_order_then_the_ends_of_the_others() -> None:
+    lib = kernels.library()
+    assert lib is not None
+    runs = (_TileRun * 3)()
+    lib.tiles_split(runs, 3, ctypes.c_int64(10))  # runs [0, 3), [3, 6), [6, 10)
+    # job 2 alone (the others held up): its run first, front to back, then the others' from the back
+    assert _take_all(runs, 3, [2]) == [(2, t) for t in (6, 7, 8, 9, 2, 1, 0, 5, 4, 3)]
+    lib.tiles_split(runs, 3, ctypes.c_int64(1000))
+    taken = _take_all(runs, 3, [0, 1, 2, 0, 0, 1])  # uneven speeds
+    assert sorted(tile for _, tile in taken) == list(range(1000))  # every tile once
+    assert [tile for job, tile in taken if job == 1][:5] == [333, 334, 335, 336, 337]
+
+
 def test_the_kernels_share_torchs_openmp_runtime() -> None:
     """The kernels' jobs run on torch's OpenMP threads (thread_pool.c): one runtime in the
     process, not a second pool of threads fighting torch's for the cores."""

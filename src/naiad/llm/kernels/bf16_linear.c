@@ -24,9 +24,12 @@
  * weight load used four times, each broadcast of x four times); a smaller last group runs two
  * panels at a time, and an odd last panel alone, its sums in two chains (even and odd pairs). Every
  * other output's sum is one chain over the pairs in order, so the tile shapes change no bit.
- * The groups (times the row tiles, for many rows) are split over the caller's thread count, run on
- * torch's OpenMP team (thread_pool.c). Each output is computed by one thread in a fixed order: the
- * thread count changes nothing.
+ * The tiles (a group against up to four rows) are shared by the caller's thread count, run on
+ * torch's OpenMP team (thread_pool.c): each thread streams through its own contiguous run, then
+ * takes the others' last tiles, so that a thread held up by another process costs about a tile,
+ * not a share (a decode step's linears, same process: 1-8 % faster alone, 0-7 % beside a busy
+ * process; docs/benchmarks.md). Each output is computed by one thread in a fixed order, whichever
+ * thread that is: neither the thread count nor the sharing changes a bit.
  *
  * Needs AVX512-BF16, checked at run time (bf16_linear_supported); without it the Python side keeps
  * oneDNN's linear.
@@ -65,7 +68,9 @@ typedef struct {
     const uint16_t *w;    /* groups of four panels, each group [in_pad / 2, its panels, 16, 2] */
     const uint16_t *bias; /* [out] or NULL */
     uint16_t *y;          /* [rows, out] */
-    int64_t rows, pairs, out, panel_count, first, last; /* pairs = in_pad / 2; tiles [first, last) */
+    int64_t rows, pairs, out, panel_count; /* pairs = in_pad / 2 */
+    tile_run_t *runs;                      /* the tiles, shared by the call's jobs (thread_pool.h) */
+    int me, jobs;
 } job_t;
 
 /* Where panel p's pair k lies: its group's start, then k times the group's width, then p's place. */
@@ -178,7 +183,7 @@ static inline __attribute__((always_inline)) void one_panel(const job_t *job, in
 static void *panels(void *arg) {
     const job_t *job = (const job_t *)arg;
     const int64_t row_tiles = (job->rows + ROW_TILE - 1) / ROW_TILE;
-    for (int64_t t = job->first; t < job->last; t++) {
+    for (int64_t t; (t = tiles_next(job->runs, job->jobs, job->me)) >= 0;) {
         const int64_t p0 = t / row_tiles * GROUP, r0 = t % row_tiles * ROW_TILE;
         const int64_t nr = job->rows - r0 < ROW_TILE ? job->rows - r0 : ROW_TILE;
         const int64_t end = p0 + GROUP < job->panel_count ? p0 + GROUP : job->panel_count;
@@ -214,9 +219,10 @@ int bf16_linear(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint
     const int64_t units = (panel_count + GROUP - 1) / GROUP * ((rows + ROW_TILE - 1) / ROW_TILE);
     if (num_threads > units) num_threads = units;
     job_t jobs[MAX_THREADS];
+    tile_run_t runs[MAX_THREADS];
+    tiles_split(runs, (int)num_threads, units);
     for (int64_t t = 0; t < num_threads; t++)
-        jobs[t] = (job_t){x, w, bias, y, rows, in_pad / 2, out, panel_count, units * t / num_threads,
-                          units * (t + 1) / num_threads};
+        jobs[t] = (job_t){x, w, bias, y, rows, in_pad / 2, out, panel_count, runs, (int)t, (int)num_threads};
     pool_run(panels, jobs, sizeof jobs[0], (int)num_threads);
     free(padded);
     return 0;

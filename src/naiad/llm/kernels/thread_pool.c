@@ -44,3 +44,26 @@ int pool_threads(void) {
     return 1;
 #endif
 }
+
+void tiles_split(tile_run_t *runs, int n, int64_t count) {
+    for (int t = 0; t < n; t++)
+        runs[t].next_end = ((uint64_t)(count * t / n) << 32) | (uint64_t)(count * (t + 1) / n);
+}
+
+/* Takes the run's first tile (own) or its last (another's); -1 when the run is empty. */
+static int64_t take(tile_run_t *run, int own) {
+    uint64_t seen = __atomic_load_n(&run->next_end, __ATOMIC_RELAXED);
+    for (;;) {
+        const uint64_t next = seen >> 32, end = seen & 0xffffffffu;
+        if (next >= end) return -1;
+        const uint64_t wanted = own ? ((next + 1) << 32) | end : (next << 32) | (end - 1);
+        if (__atomic_compare_exchange_n(&run->next_end, &seen, wanted, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            return (int64_t)(own ? next : end - 1);
+    }
+}
+
+int64_t tiles_next(tile_run_t *runs, int n, int me) {
+    int64_t tile = take(&runs[me], 1);
+    for (int k = 1; tile < 0 && k < n; k++) tile = take(&runs[(me + k) % n], 0);
+    return tile;
+}
