@@ -27,8 +27,10 @@
  * The tiles (a group against up to four rows) are shared by the caller's thread count, run on
  * torch's OpenMP team (thread_pool.c): each thread streams through its own contiguous run, then
  * takes the others' last tiles, so that a thread held up by another process costs about a tile,
- * not a share (a decode step's linears, same process: 1-8 % faster alone, 0-7 % beside a busy
- * process; docs/benchmarks.md). Each output is computed by one thread in a fixed order, whichever
+ * not a share (a decode step's linears at one row, same process: -2 to +8 % alone, -8 to +18 %
+ * beside a busy process, no difference in the bare engine; served at one stream, where the HTTP
+ * server's process wakes on one of the cores every token, 93 -> 110 tokens/s, medians of four
+ * rounds; docs/benchmarks.md). Each output is computed by one thread in a fixed order, whichever
  * thread that is: neither the thread count nor the sharing changes a bit.
  *
  * Needs AVX512-BF16, checked at run time (bf16_linear_supported); without it the Python side keeps
