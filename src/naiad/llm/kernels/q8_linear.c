@@ -32,10 +32,13 @@
  * with minimums (a zero weight there would be m, not 0).
  *
  * Without AVX512-VNNI (checked at run time, or turned off by the caller), a portable C loop
- * computes the same integer sums. Output panels are split over the caller's thread count, run
+ * computes the same integer sums. Output panels are shared by the caller's thread count, run
  * by the kernels' shared pool of threads (thread_pool.c): a decode step makes some hundred of
  * these calls of 10-100 us each, and starting or waking a thread per call costs about as much.
- * Each output is computed by one thread in a fixed order: the thread count changes nothing.
+ * Each thread takes its own contiguous run of panels, then the others' last ones (as
+ * bf16_linear.c's tiles), so a thread held up by another process costs about a panel. Each output
+ * is computed by one thread in a fixed order: neither the thread count nor the sharing changes
+ * anything.
  */
 #include "common.h"
 #include "thread_pool.h"
@@ -88,8 +91,9 @@ typedef struct {
     const _Float16 *wcol; /* [panels, ncols, 16] */
     const float *bias;
     float *y; /* [rows, out] */
-    int64_t rows, in_pad, out, ncols, first, last; /* panels [first, last) */
-    int scale_kind, vnni;
+    int64_t rows, in_pad, out, ncols;
+    tile_run_t *runs; /* the panels, shared by the call's jobs (thread_pool.h) */
+    int me, jobs, scale_kind, vnni;
 } q8_job_t;
 
 /* One block's weight scales (ws) and, for Q4_1, what each unit of the block's float sum of x adds (wm). */
@@ -205,7 +209,7 @@ static void panel_vnni(const q8_job_t *job, int64_t p, int64_t r0, int64_t nr) {
 
 static void *q8_panels(void *arg) {
     const q8_job_t *job = (const q8_job_t *)arg;
-    for (int64_t p = job->first; p < job->last; p++) {
+    for (int64_t p; (p = tiles_next(job->runs, job->jobs, job->me)) >= 0;) {
         for (int64_t r0 = 0; r0 < job->rows; r0 += ROW_TILE) {
             const int64_t nr = job->rows - r0 < ROW_TILE ? job->rows - r0 : ROW_TILE;
 #if HAVE_VNNI_BUILD
@@ -293,13 +297,12 @@ int q8_linear(int dtype, const void *x, const uint8_t *w, const void *scales, in
     if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
     if (num_threads > panels) num_threads = panels;
     q8_job_t jobs[MAX_THREADS];
-    const int64_t per = (panels + num_threads - 1) / num_threads;
-    for (int64_t t = 0; t < num_threads; t++) {
-        const int64_t first = t * per < panels ? t * per : panels;
-        const int64_t last = first + per < panels ? first + per : panels;
+    tile_run_t runs[MAX_THREADS];
+    tiles_split(runs, (int)num_threads, panels);
+    for (int64_t t = 0; t < num_threads; t++)
         jobs[t] = (q8_job_t){q.xq, q.xhi, q.xlo, q.xs, q.xsum, q.xfsum, q.xcol, w, (const _Float16 *)scales,
-                             (const _Float16 *)wcol, bias, yf, rows, in_pad, out, ncols, first, last, scale_kind, vnni};
-    }
+                             (const _Float16 *)wcol, bias, yf, rows, in_pad, out, ncols, runs, (int)t,
+                             (int)num_threads, scale_kind, vnni};
     pool_run(q8_panels, jobs, sizeof jobs[0], (int)num_threads);
     store_f32(dtype, yf, y, rows * out);
 done:
