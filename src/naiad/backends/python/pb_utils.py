@@ -1,9 +1,10 @@
 """naiad's `triton_python_backend_utils`: the API Triton `model.py` files import as `pb_utils`.
 
 The model process aliases this module as `sys.modules["triton_python_backend_utils"]`. It and its
-parts (pb_args, pb_errors, pb_runtime, pb_tensor, pb_config, pb_metrics) import only the standard
-library, numpy, each other and the naming rules of `naiad.observability.custom_metrics` (standard
-library only): they also run under a model's own environment (EXECUTION_ENV_PATH).
+parts (pb_args, pb_errors, pb_runtime, pb_tensor, pb_config, pb_metrics, pb_model_control,
+pb_logger) import only the standard library, numpy, each other and the naming rules of
+`naiad.observability.custom_metrics` (standard library only): they also run under a model's own
+environment (EXECUTION_ENV_PATH).
 Names, signatures, defaults and error messages follow Triton's python_backend (the Python half in
 `triton_python_backend_utils.py`, the C++ half bound by `pb_stub.cc`); where naiad differs the
 comment at that spot says why. Arguments are converted as upstream's pybind11 bindings convert
@@ -19,13 +20,9 @@ before its log channel is up, and BLS, response senders and model control raise 
 
 from __future__ import annotations
 
-import datetime
 import enum
 import json
 import operator
-import os
-import re
-import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -34,7 +31,9 @@ from naiad.backends.python import pb_runtime
 from naiad.backends.python.pb_args import as_bool, as_int, as_list, as_str, as_str_list
 from naiad.backends.python.pb_config import ModelConfig
 from naiad.backends.python.pb_errors import TritonError, TritonModelException
+from naiad.backends.python.pb_logger import Logger
 from naiad.backends.python.pb_metrics import Metric, MetricFamily, MetricKind
+from naiad.backends.python.pb_model_control import is_model_ready, load_model, unload_model
 from naiad.backends.python.pb_runtime import NO_RUNTIME, Runtime
 from naiad.backends.python.pb_tensor import (
     TRITON_STRING_TO_NUMPY,
@@ -513,138 +512,3 @@ def _correlation_id(value: Any) -> int | str:
             raise TritonModelException("Correlation ID must be an unsigned 64-bit integer or a string")
         return number
     raise TritonModelException("Correlation ID must be integer or string")
-
-
-# -- model control ---------------------------------------------------------------------------
-
-
-def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
-    """Load or reload `model_name` (explicit model-control mode). `config` is a JSON model config
-    overriding the repository's; `files` maps "file:<path in the version dir>" to file contents and
-    needs `config`."""
-    model_name = as_str(model_name, "load_model(): model_name")
-    config = as_str(config, "load_model(): config")
-    if files is not None:
-        if not isinstance(files, dict):
-            raise TritonModelException(
-                f"failed to load model '{model_name}', files should be a dictionary of file paths and file contents")
-        contents: dict[str, bytes] = {}
-        for path, content in files.items():
-            if not isinstance(content, bytes):  # upstream casts to py::bytes: bytes (or a subclass) only
-                raise TypeError(f"load_model(): files must map paths to bytes contents, got {type(content)}")
-            contents[as_str(path, "load_model(): files keys")] = bytes(content)
-        files = contents
-    runtime = pb_runtime.get()
-    if runtime is None:
-        raise TritonModelException(f"Failed to load model: {NO_RUNTIME}")
-    try:
-        runtime.load_model(model_name, config, files)
-    except Exception as error:
-        raise TritonModelException(f"Failed to load model: {error}") from error
-
-
-def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    """Unload `model_name` (and, with `unload_dependents`, the models that depend on it)."""
-    model_name = as_str(model_name, "unload_model(): model_name")
-    unload_dependents = as_bool(unload_dependents, "unload_model(): unload_dependents")
-    runtime = pb_runtime.get()
-    if runtime is None:
-        raise TritonModelException(f"Failed to unload model: {NO_RUNTIME}")
-    try:
-        runtime.unload_model(model_name, unload_dependents)
-    except Exception as error:
-        raise TritonModelException(f"Failed to unload model: {error}") from error
-
-
-# std::stol reads an optional sign and digits after leading blanks and ignores what follows.
-_STOL = re.compile(r"\s*([+-]?\d+)")
-
-
-def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    """Whether `model_name` (version `model_version`, "" for the server's choice) is ready."""
-    model_name = as_str(model_name, "is_model_ready(): model_name")
-    model_version = as_str(model_version, "is_model_ready(): model_version")
-    if model_version:
-        # Checked here (upstream checks in the server process) with upstream's messages.
-        match = _STOL.match(model_version)
-        if match is None:
-            raise TritonModelException(
-                f"Failed to check model readiness: failed to get model version from specified version string "
-                f"'{model_version}' (details: stol), version should be an integral value > 0")
-        if int(match.group(1)) < 0:
-            raise TritonModelException(
-                f"Failed to check model readiness: failed to get model version from specified version string "
-                f"'{model_version}', version should be an integral value > 0")
-        model_version = str(int(match.group(1)))  # what the server would read from it
-    runtime = pb_runtime.get()
-    if runtime is None:
-        raise TritonModelException(f"Failed to check model readiness: {NO_RUNTIME}")
-    try:
-        return bool(runtime.is_model_ready(model_name, model_version))
-    except Exception as error:
-        raise TritonModelException(f"Failed to check model readiness: {error}") from error
-
-
-# -- logging ---------------------------------------------------------------------------------
-
-
-class _LogLevel(enum.IntEnum):
-    INFO = 0
-    WARNING = 1
-    ERROR = 2
-    VERBOSE = 3
-
-
-class Logger:
-    """Model logging into the server log: `pb_utils.Logger.log_info("...")`, or
-    `Logger.log("...", Logger.WARNING)`. Each line carries the caller's file and line."""
-
-    LogLevel = _LogLevel
-    INFO = _LogLevel.INFO
-    WARNING = _LogLevel.WARNING
-    ERROR = _LogLevel.ERROR
-    VERBOSE = _LogLevel.VERBOSE
-
-    @staticmethod
-    def log(message: str, level: int = _LogLevel.INFO) -> None:
-        _emit(message, level, sys._getframe(1))
-
-    @staticmethod
-    def log_info(message: str) -> None:
-        _emit(message, _LogLevel.INFO, sys._getframe(1))
-
-    @staticmethod
-    def log_warn(message: str) -> None:
-        _emit(message, _LogLevel.WARNING, sys._getframe(1))
-
-    @staticmethod
-    def log_error(message: str) -> None:
-        _emit(message, _LogLevel.ERROR, sys._getframe(1))
-
-    @staticmethod
-    def log_verbose(message: str) -> None:
-        _emit(message, _LogLevel.VERBOSE, sys._getframe(1))
-
-
-_LEADING_CHAR = {_LogLevel.INFO: "I", _LogLevel.WARNING: "W", _LogLevel.ERROR: "E", _LogLevel.VERBOSE: "I"}
-
-
-def _emit(message: Any, level: Any, frame: Any) -> None:
-    if isinstance(message, bytes | bytearray):  # a log line is worth keeping even when not UTF-8
-        message = bytes(message).decode("utf-8", "replace")
-    message = as_str(message, "Logger: message")
-    try:
-        log_level = _LogLevel(level)
-    except (ValueError, TypeError):
-        raise TypeError(f"Logger: level must be a Logger.LogLevel, got {level!r}") from None
-    # The frame of whoever called Logger.*, as upstream reads it with inspect.currentframe().
-    filename, line = frame.f_code.co_filename, int(frame.f_lineno)
-    runtime = pb_runtime.get()
-    if runtime is not None:
-        runtime.log(int(log_level), message, filename, line)
-        return
-    # Upstream's format before the stub's log channel is up: glog-like prefix, then two blanks.
-    now = datetime.datetime.now(datetime.UTC)
-    prefix = (f"{_LEADING_CHAR[log_level]}{now:%m%d %H:%M:%S}.{now.microsecond:06d} {os.getpid()} "
-              f"{os.path.basename(filename)}:{line}]")
-    print(f"{prefix}  {message}", file=sys.stderr, flush=True)

@@ -34,55 +34,10 @@ import numpy as np
 
 from naiad.backends.python import messages as p
 from naiad.backends.python import pb_metrics, pb_utils
+from naiad.backends.python import stub_codes as codes
 from naiad.backends.python.pb_tensor import Tensor
 from naiad.backends.python.shm import Arena, PendingFrees, SegmentMap
 from naiad.backends.python.stub_metrics import MetricsSender
-
-# naiad Status names by pb_utils.TritonError code, and back
-# Wire datatype name -> numpy dtype of its arrays, and TRITONSERVER_DataType code (pb_utils values)
-_NUMPY_TYPES = {name: np.dtype(pb_utils.triton_string_to_numpy("TYPE_" + name)) for name in
-                ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
-                 "FP64")}
-_NUMPY_TYPES["BF16"] = np.dtype(np.uint16)  # numpy has no bfloat16: the raw bits
-_NUMPY_TYPES["BYTES"] = np.dtype(object)  # (BYTES tensors are not viewed as one dtype: see p.tensor_array)
-_TYPE_CODES = {"BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7, "INT32": 8,
-               "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14}
-_TYPE_NAMES = {code: name for name, code in _TYPE_CODES.items()}  # TRITONSERVER_DataType -> KServe name
-
-_STATUS_BY_CODE = {
-    pb_utils.TritonError.UNKNOWN: "UNKNOWN",
-    pb_utils.TritonError.INTERNAL: "INTERNAL",
-    pb_utils.TritonError.NOT_FOUND: "NOT_FOUND",
-    pb_utils.TritonError.INVALID_ARG: "INVALID_ARG",
-    pb_utils.TritonError.UNAVAILABLE: "UNAVAILABLE",
-    pb_utils.TritonError.UNSUPPORTED: "UNSUPPORTED",
-    pb_utils.TritonError.ALREADY_EXISTS: "ALREADY_EXISTS",
-    pb_utils.TritonError.CANCELLED: "CANCELLED",
-}
-_CODE_BY_STATUS = {name: code for code, name in _STATUS_BY_CODE.items()}
-
-
-def _describe(error: BaseException) -> str:
-    """How an exception from model code reads in the response: Triton shows the message only."""
-    return str(error) or type(error).__name__
-
-
-_UNTRACED = pb_utils.InferenceTrace()  # what every untraced request hands its model (it has no setters)
-
-
-def _trace(trace_id: int) -> Any:
-    """The InferenceTrace a received request hands its model: the server's trace id, if traced."""
-    if not trace_id:
-        return _UNTRACED
-    trace = pb_utils.InferenceTrace()
-    trace._handle = trace_id
-    return trace
-
-
-def _trace_id(trace: Any) -> int:
-    """The server's trace id a BLS request was given through `trace=request.trace()`, or 0."""
-    handle = getattr(trace, "_handle", None)
-    return handle if isinstance(handle, int) else 0
 
 
 class _Handle:
@@ -382,7 +337,7 @@ class Stub:
                   times: list[int]) -> None:
         if isinstance(responses, BaseException):
             error, responses = responses, []
-        text = None if error is None else _describe(error)
+        text = None if error is None else codes.describe(error)
         now = time.monotonic_ns()
         if len(times) < 3:
             times.append(now)  # execute raised, or a decoupled coroutine runs on: it returned now
@@ -409,25 +364,25 @@ class Stub:
         error = done.exception()
         if error is None:
             return
-        message = _describe(error)  # the server ignores it for requests already answered
+        message = codes.describe(error)  # the server ignores it for requests already answered
         self.channel.send(p.Sent([p.Response(batch, i, [], message, "INTERNAL") for i in range(count)]))
 
     # -- requests and responses across the boundary ------------------------------------------
 
     def _to_request(self, batch: int, index: int, request: p.Request) -> Any:
-        inputs = [Tensor._of(ref.name, self._array(ref), _TYPE_CODES[ref.datatype]) for ref in request.inputs]
+        inputs = [Tensor._of(ref.name, self._array(ref), codes.TYPE_CODES[ref.datatype]) for ref in request.inputs]
         return pb_utils.InferenceRequest._received(
             inputs=inputs, request_id=request.id, correlation_id=request.correlation_id, flags=request.flags,
             timeout=request.timeout, parameters=request.parameters, requested_output_names=request.outputs,
             model_name=self.model_name, model_version=self.model_version, handle=_Handle(batch, index),
-            decoupled=self.decoupled, trace=_trace(request.trace))
+            decoupled=self.decoupled, trace=codes.trace(request.trace))
 
     def _array(self, ref: p.TensorRef) -> np.ndarray:
-        return p.tensor_array(self.segments, ref, _NUMPY_TYPES[ref.datatype])
+        return p.tensor_array(self.segments, ref, codes.NUMPY_TYPES[ref.datatype])
 
     def _write(self, tensor: Tensor, room: p.InlineRoom) -> p.TensorRef:
         """A tensor for the server; its datatype is the one its Tensor() found."""
-        return p.tensor_ref(self.arena, tensor.name(), _TYPE_NAMES[tensor.triton_dtype()], tensor.as_numpy(), room)
+        return p.tensor_ref(self.arena, tensor.name(), codes.TYPE_NAMES[tensor.triton_dtype()], tensor.as_numpy(), room)
 
     def _from_response(self, batch: int, index: int, response: Any, final: bool,
                        room: p.InlineRoom) -> p.Response:
@@ -435,7 +390,7 @@ class Stub:
             return p.Response(batch, index, [], final=final)
         if response.has_error():
             error = response.error()
-            return p.Response(batch, index, [], error.message(), _STATUS_BY_CODE.get(error.code(), "INTERNAL"),
+            return p.Response(batch, index, [], error.message(), codes.STATUS_BY_CODE.get(error.code(), "INTERNAL"),
                               final=final)
         outputs = [self._write(tensor, room) for tensor in response.output_tensors()]
         parameters = response.parameters()
@@ -443,7 +398,7 @@ class Stub:
 
     def _to_response(self, response: p.Response) -> Any:
         if response.error is not None:
-            code = _CODE_BY_STATUS.get(response.code, pb_utils.TritonError.INTERNAL)
+            code = codes.CODE_BY_STATUS.get(response.code, pb_utils.TritonError.INTERNAL)
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(response.error, code))
         outputs = [pb_utils.Tensor(ref.name, self._array(ref)) for ref in response.outputs]
         return pb_utils.InferenceResponse(output_tensors=outputs, parameters=json.loads(response.parameters))
@@ -473,7 +428,7 @@ class Stub:
             call, request.model_name(), int(request.model_version()),
             p.Request(request.request_id(), request.correlation_id(), request.flags(), request.timeout(),
                       parameters if isinstance(parameters, str) else json.dumps(parameters),
-                      list(request.requested_output_names()), inputs, _trace_id(request.trace())),
+                      list(request.requested_output_names()), inputs, codes.trace_id(request.trace())),
             decoupled, p.flat_frees(self.frees.take()))
         return call, message
 
@@ -612,7 +567,7 @@ def _failure(error: BaseException) -> str:
     """An initialize / auto-complete failure as the model index shows it: the exception's message,
     then the traceback for whoever reads the log."""
     lines = traceback.format_exception(error)
-    return f"{_describe(error)}\n{''.join(lines)}"
+    return f"{codes.describe(error)}\n{''.join(lines)}"
 
 
 if __name__ == "__main__":
