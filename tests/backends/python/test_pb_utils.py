@@ -1,12 +1,11 @@
 """pb_utils (naiad's triton_python_backend_utils) against a fake runtime: requests, responses,
-senders, BLS, model control and logging, with the messages model.py files see under Triton."""
+senders and BLS, with the messages model.py files see under Triton."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
-import sys
 import threading
 from typing import Any
 
@@ -265,72 +264,3 @@ def test_sender_is_thread_safe(runtime: FakeRuntime) -> None:
     for thread in threads:
         thread.join()
     assert len(runtime.sent) == 1 and len(failures) == 15
-
-
-# -- model control ---------------------------------------------------------------------------
-
-
-def test_model_control_goes_through_the_runtime(runtime: FakeRuntime) -> None:
-    pb_utils.load_model("onnx")
-    pb_utils.load_model(model_name="onnx", config='{"backend": "onnxruntime"}', files={"file:1/model.onnx": b"\x08"})
-    pb_utils.unload_model("onnx", unload_dependents=True)
-    assert pb_utils.is_model_ready("onnx") is True
-    assert pb_utils.is_model_ready("onnx", model_version="2") is True
-    assert runtime.calls == [
-        ("load", "onnx", "", None), ("load", "onnx", '{"backend": "onnxruntime"}', {"file:1/model.onnx": b"\x08"}),
-        ("unload", "onnx", True), ("ready", "onnx", ""), ("ready", "onnx", "2")]
-    with pytest.raises(E, match=r"^failed to load model 'onnx', files should be a dictionary of file paths and file "
-                                r"contents$"):
-        pb_utils.load_model("onnx", config="{}", files=[("file:1/model.onnx", b"")])  # type: ignore[arg-type]
-    with pytest.raises(E, match=r"^Failed to check model readiness: failed to get model version from specified "
-                                r"version string 'latest' \(details: stol\), version should be an integral value > 0$"):
-        pb_utils.is_model_ready("onnx", "latest")
-    with pytest.raises(E, match=r"version string '-1', version should be an integral value > 0$"):
-        pb_utils.is_model_ready("onnx", "-1")
-    runtime.fail_with = RuntimeError("load failed: not in explicit mode")
-    with pytest.raises(E, match=r"^Failed to load model: load failed: not in explicit mode$"):
-        pb_utils.load_model("onnx")
-    with pytest.raises(E, match=r"^Failed to unload model: "):
-        pb_utils.unload_model("onnx")
-    with pytest.raises(E, match=r"^Failed to check model readiness: "):
-        pb_utils.is_model_ready("onnx")
-
-
-def test_model_control_without_runtime() -> None:
-    with pytest.raises(E, match=r"^Failed to load model: no naiad runtime"):
-        pb_utils.load_model("m")
-    with pytest.raises(E, match=r"^Failed to unload model: no naiad runtime"):
-        pb_utils.unload_model("m")
-    with pytest.raises(E, match=r"^Failed to check model readiness: no naiad runtime"):
-        pb_utils.is_model_ready("m")
-
-
-# -- logging ---------------------------------------------------------------------------------
-
-
-def test_logger_reports_the_callers_file_and_line(runtime: FakeRuntime) -> None:
-    logger = pb_utils.Logger
-    line = sys._getframe().f_lineno
-    logger.log_info("info")
-    logger.log_warn("warn")
-    logger.log_error("error")
-    logger.log_verbose("verbose")
-    logger.log("default level")
-    logger.log("explicit", logger.ERROR)
-    pb_utils.Logger.log(message="enum", level=pb_utils.Logger.LogLevel.WARNING)
-    assert runtime.logs == [
-        (0, "info", __file__, line + 1), (1, "warn", __file__, line + 2), (2, "error", __file__, line + 3),
-        (3, "verbose", __file__, line + 4), (0, "default level", __file__, line + 5),
-        (2, "explicit", __file__, line + 6), (1, "enum", __file__, line + 7)]
-    with pytest.raises(TypeError):
-        logger.log("bad level", 9)
-    with pytest.raises(TypeError):
-        logger.log_info(42)  # type: ignore[arg-type]
-
-
-def test_logger_without_runtime_writes_stderr(capsys: pytest.CaptureFixture[str]) -> None:
-    line = sys._getframe().f_lineno
-    pb_utils.Logger.log_warn("careful")
-    err = capsys.readouterr().err
-    # upstream's pre-channel format: W<mmdd hh:mm:ss.uuuuuu> <pid> <file>:<line>]  <message>
-    assert err.startswith("W") and err.endswith(f" test_pb_utils.py:{line + 1}]  careful\n")
