@@ -36,6 +36,19 @@ static inline __attribute__((always_inline)) float cached(int dtype, const void 
     return (float)((const _Float16 *)v)[i];
 }
 
+/* One head's score for one cached key: its query (float32, scaled) dotted with the key. */
+static inline __attribute__((always_inline)) float key_dot(int dtype, int64_t head_dim, const float *q, const void *k) {
+    float dot = 0.0f;
+    for (int64_t i = 0; i < head_dim; i++) dot += q[i] * cached(dtype, k, i);
+    return dot;
+}
+
+/* One head's running sum of values: sum += w * v. */
+static inline __attribute__((always_inline)) void add_value(int dtype, int64_t head_dim, float *sum, float w,
+                                                            const void *v) {
+    for (int64_t i = 0; i < head_dim; i++) sum[i] += w * cached(dtype, v, i);
+}
+
 /* Asks for the slices of the cache block after `b` that the job reads (its kv heads' part of each
  * token's record, contiguous) while block b is computed: the heads read a block's records in
  * strided slices, which the hardware prefetcher follows poorly when the K/V come from memory.
@@ -71,13 +84,14 @@ typedef struct {
 } job_t;
 
 /* The job's rows, one after the other, a cache block at a time: for each block of the row's
- * context, every head's scores over the block's tokens (then, after the softmax, every head's
- * weighted sum of the block's values). A block's records (all kv heads of `block_size` tokens)
- * are contiguous, so the first head to read them brings them into L1 for the others, and the
- * records stream from memory in order when the context does not fit in cache (64 rows of a
- * 123M model: 40 MB of K/V a layer; looping over the whole context once per head was 3x slower
- * there). Within a block one head's query (and, for the values, its sum) stays in registers:
- * `dtype` and `head_dim` are constants in each specialisation below (always inlined), so gcc
+ * context, each token's scores for the job's heads (then, after the softmax, each token's values
+ * into the heads' sums). A block's records (all kv heads of `block_size` tokens) are contiguous
+ * and read token by token, in order: one stream from memory per block (64 rows of a 123M model:
+ * 40 MB of K/V a layer; looping over the whole context once per head was 3x slower there, and
+ * head by head within a block, each head walking the tokens, 1.26-1.40x slower at 4-64 rows and
+ * 0.90-0.95x the time at one row; docs/benchmarks.md). Each (head, token) score and each head's
+ * sum over the tokens are computed the same way whichever job has the head: the split changes no
+ * bit. `dtype` and `head_dim` are constants in each specialisation below (always inlined), so gcc
  * unrolls the head_dim loops into vector registers. Block indices are looked up once per block.
  */
 static inline __attribute__((always_inline)) void rows(job_t *job, const int dtype, const int64_t head_dim) {
@@ -114,16 +128,10 @@ static inline __attribute__((always_inline)) void rows(job_t *job, const int dty
             const int64_t p1 = (b + 1) * block_size < ctx ? (b + 1) * block_size : ctx;
             const int64_t slot0 = table[b] * block_size - b * block_size; /* + p: position p's slot */
             prefetch_block(kc, table, b, (ctx - 1) / block_size, block_size, record_bytes, slice_offset, slice_bytes);
-            for (int64_t h = h0; h < h1; h++) {
-                const float *qh = qf + h * head_dim;
-                const char *base = kc + (h / group) * head_dim * elem;
-                for (int64_t p = p0; p < p1; p++) {
-                    const void *k = base + (slot0 + p) * token_stride * elem;
-                    float dot = 0.0f;
-                    for (int64_t i = 0; i < head_dim; i++) dot += qh[i] * cached(dtype, k, i);
-                    scores[h * span + (p - first)] = dot;
-                }
-            }
+            for (int64_t p = p0; p < p1; p++) /* token by token: the block's records read in order */
+                for (int64_t h = h0; h < h1; h++)
+                    scores[h * span + (p - first)] = key_dot(
+                        dtype, head_dim, qf + h * head_dim, kc + ((slot0 + p) * token_stride + (h / group) * head_dim) * elem);
         }
         for (int64_t h = h0; h < h1; h++) {
             float *row_scores = scores + h * span;
@@ -143,16 +151,10 @@ static inline __attribute__((always_inline)) void rows(job_t *job, const int dty
             const int64_t p1 = (b + 1) * block_size < ctx ? (b + 1) * block_size : ctx;
             const int64_t slot0 = table[b] * block_size - b * block_size;
             prefetch_block(vc, table, b, (ctx - 1) / block_size, block_size, record_bytes, slice_offset, slice_bytes);
-            for (int64_t h = h0; h < h1; h++) {
-                const float *weights = scores + h * span;
-                const char *base = vc + (h / group) * head_dim * elem;
-                float *sum = acc + h * head_dim;
-                for (int64_t p = p0; p < p1; p++) {
-                    const void *v = base + (slot0 + p) * token_stride * elem;
-                    const float w = weights[p - first];
-                    for (int64_t i = 0; i < head_dim; i++) sum[i] += w * cached(dtype, v, i);
-                }
-            }
+            for (int64_t p = p0; p < p1; p++)
+                for (int64_t h = h0; h < h1; h++)
+                    add_value(dtype, head_dim, acc + h * head_dim, scores[h * span + (p - first)],
+                              vc + ((slot0 + p) * token_stride + (h / group) * head_dim) * elem);
         }
         store_f32(dtype, acc + h0 * head_dim, (char *)job->out + (r * heads + h0) * head_dim * elem,
                   (h1 - h0) * head_dim);
