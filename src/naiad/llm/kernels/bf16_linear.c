@@ -30,7 +30,7 @@
  * not a share (a decode step's linears at one row, same process: -2 to +8 % alone, -8 to +18 %
  * beside a busy process, no difference in the bare engine; served at one stream, where the HTTP
  * server's process wakes on one of the cores every token, 93 -> 110 tokens/s, medians of four
- * rounds; docs/benchmarks.md). Each output is computed by one thread in a fixed order, whichever
+ * rounds, with paged_attention.c's slice prefetch in the same step; docs/benchmarks.md). Each output is computed by one thread in a fixed order, whichever
  * thread that is: neither the thread count nor the sharing changes a bit.
  *
  * Needs AVX512-BF16, checked at run time (bf16_linear_supported); without it the Python side keeps
@@ -82,10 +82,9 @@ typedef struct {
 } panel_t;
 
 static inline panel_t panel_at(const job_t *job, int64_t p) {
-    const int64_t group = p / GROUP, size = job->panel_count - group * GROUP < GROUP ? job->panel_count - group * GROUP
-                                                                                      : GROUP;
-    return (panel_t){job->w + group * GROUP * job->pairs * PANEL * 2 + (p - group * GROUP) * PANEL * 2,
-                     size * PANEL * 2};
+    const int64_t first = p / GROUP * GROUP; /* the group's first panel */
+    const int64_t size = job->panel_count - first < GROUP ? job->panel_count - first : GROUP;
+    return (panel_t){job->w + first * job->pairs * PANEL * 2 + (p - first) * PANEL * 2, size * PANEL * 2};
 }
 
 /* Rows [r0, r0 + nr) of panel p's 16 outputs, from the float32 sums `sum`. */
