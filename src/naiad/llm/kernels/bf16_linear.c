@@ -30,8 +30,9 @@
  * not a share (a decode step's linears at one row, same process: -2 to +8 % alone, -8 to +18 %
  * beside a busy process, no difference in the bare engine; served at one stream, where the HTTP
  * server's process wakes on one of the cores every token, 93 -> 110 tokens/s, medians of four
- * rounds, with paged_attention.c's slice prefetch in the same step; docs/benchmarks.md). Each output is computed by one thread in a fixed order, whichever
- * thread that is: neither the thread count nor the sharing changes a bit.
+ * rounds, with paged_attention.c's slice prefetch in the same step; docs/benchmarks.md). Each
+ * output is computed by one thread in a fixed order, whichever thread that is: neither the thread
+ * count nor the sharing changes a bit.
  *
  * Needs AVX512-BF16, checked at run time (bf16_linear_supported); without it the Python side keeps
  * oneDNN's linear.

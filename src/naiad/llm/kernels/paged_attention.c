@@ -50,13 +50,13 @@ static inline __attribute__((always_inline)) void add_value(int dtype, int64_t h
 }
 
 /* Asks for the slices of the cache block after `b` that the job reads (its kv heads' part of each
- * token's record, contiguous) while block b is computed: the heads read a block's records in
- * strided slices, which the hardware prefetcher follows poorly when the K/V come from memory.
- * Measured on 64 rows of a 123M model's bf16 cache (39 MB a call): 2.3-3.1 ms a call without it,
- * 1.6-2.1 ms with it, as fast as the earlier loop that read each record whole. Only the job's
- * slice: where one row's heads are split over the threads (one stream), asking for whole records
- * made each thread bring in the other's half as well (one row over a 123M model's 12 layers, cache
- * on huge pages, same process, alternating: 0.96-0.99x the time at 128 tokens, 0.82-0.98x at 512,
+ * token's record, contiguous) while block b is computed: the next block lies wherever the block
+ * table says, which no hardware prefetcher can guess. Measured with the earlier head-by-head loop:
+ * 64 rows of a 123M model's bf16 cache (39 MB a call), 2.3-3.1 ms a call without it, 1.6-2.1 ms
+ * with it; one row, 1.15-1.25x the time without it at 512-2,048 tokens. Only the job's slice:
+ * where one row's heads are split over the threads (one stream), asking for whole records made
+ * each thread bring in the other's half as well (one row over a 123M model's 12 layers, cache on
+ * huge pages, same process, alternating: 0.96-0.99x the time at 128 tokens, 0.82-0.98x at 512,
  * 0.95-1.01x at 2,048). */
 static inline void prefetch_block(const char *cache, const int64_t *table, int64_t b, int64_t last_block,
                                   int64_t block_size, int64_t record_bytes, int64_t slice_offset,
@@ -127,11 +127,13 @@ static inline __attribute__((always_inline)) void rows(job_t *job, const int dty
             const int64_t p0 = b * block_size > first ? b * block_size : first;
             const int64_t p1 = (b + 1) * block_size < ctx ? (b + 1) * block_size : ctx;
             const int64_t slot0 = table[b] * block_size - b * block_size; /* + p: position p's slot */
-            prefetch_block(kc, table, b, (ctx - 1) / block_size, block_size, record_bytes, slice_offset, slice_bytes);
+            prefetch_block(kc, table, b, (ctx - 1) / block_size, block_size, record_bytes, slice_offset,
+                           slice_bytes);
             for (int64_t p = p0; p < p1; p++) /* token by token: the block's records read in order */
                 for (int64_t h = h0; h < h1; h++)
-                    scores[h * span + (p - first)] = key_dot(
-                        dtype, head_dim, qf + h * head_dim, kc + ((slot0 + p) * token_stride + (h / group) * head_dim) * elem);
+                    scores[h * span + (p - first)] =
+                        key_dot(dtype, head_dim, qf + h * head_dim,
+                                kc + ((slot0 + p) * token_stride + (h / group) * head_dim) * elem);
         }
         for (int64_t h = h0; h < h1; h++) {
             float *row_scores = scores + h * span;
@@ -150,7 +152,8 @@ static inline __attribute__((always_inline)) void rows(job_t *job, const int dty
             const int64_t p0 = b * block_size > first ? b * block_size : first;
             const int64_t p1 = (b + 1) * block_size < ctx ? (b + 1) * block_size : ctx;
             const int64_t slot0 = table[b] * block_size - b * block_size;
-            prefetch_block(vc, table, b, (ctx - 1) / block_size, block_size, record_bytes, slice_offset, slice_bytes);
+            prefetch_block(vc, table, b, (ctx - 1) / block_size, block_size, record_bytes, slice_offset,
+                           slice_bytes);
             for (int64_t p = p0; p < p1; p++)
                 for (int64_t h = h0; h < h1; h++)
                     add_value(dtype, head_dim, acc + h * head_dim, scores[h * span + (p - first)],
