@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from frontends.hostile import rss
 
 from naiad.llm.engine import model_runner
 from naiad.llm.engine.block_manager import num_blocks_for
@@ -46,13 +48,6 @@ def test_an_engine_sizes_its_cache_from_the_fraction(
     assert engine.runner.num_blocks == num_blocks_for(32 << 20, 4, 2, 2, 16, 4)
 
 
-def _rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="not glibc")
 def test_freed_heap_memory_goes_back_to_the_system() -> None:
     # 1,600 blocks of 64 KiB: under glibc's mmap threshold, so they come from the heap, and the
@@ -60,7 +55,7 @@ def test_freed_heap_memory_goes_back_to_the_system() -> None:
     blocks = [bytearray(64 << 10) for _ in range(1_600)]
     keep = bytearray(64 << 10)
     del blocks
-    before = _rss_bytes()
+    before = rss(os.getpid())
     model_runner.release_freed_heap()
-    assert before - _rss_bytes() > 50 << 20  # most of the 100 MiB freed
+    assert before - rss(os.getpid()) > 50 << 20  # most of the 100 MiB freed
     assert len(keep) == 64 << 10
