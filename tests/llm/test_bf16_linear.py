@@ -67,12 +67,22 @@ def test_leading_dimensions_are_kept_and_no_rows_is_fine() -> None:
     assert kernels.bf16_linear(x[:0], panels, None, 40).shape == (0, 40)
 
 
+def _panel(packed: torch.Tensor, panel: int) -> torch.Tensor:
+    """Panel `panel` of `bf16_panels`' result, `[in_pad / 2, 16, 2]`, read from its group: for each
+    pair of inputs, the 16 outputs' two weights."""
+    panels, pairs = packed.shape[:2]
+    first = panel - panel % kernels.BF16_GROUP
+    size = min(kernels.BF16_GROUP, panels - first)
+    group = packed.flatten()[first * pairs * kernels.BF16_PANEL * 2:(first + size) * pairs * kernels.BF16_PANEL * 2]
+    return group.view(pairs, size, kernels.BF16_PANEL, 2)[:, panel - first]
+
+
 def test_the_panel_layout_holds_each_pair_of_inputs_for_sixteen_outputs() -> None:
     weight = torch.arange(20 * 5, dtype=torch.float32).view(20, 5).bfloat16()
     panels = kernels.bf16_panels(weight)
     assert panels.shape == (2, 3, 16, 2)  # 20 outputs in 2 panels, 5 inputs padded to 3 pairs
-    assert torch.equal(kernels.bf16_panel(panels, 0)[1, 4], weight[4, 2:4])  # panel 0, inputs 2-3, output 4
-    last = kernels.bf16_panel(panels, 1)
+    assert torch.equal(_panel(panels, 0)[1, 4], weight[4, 2:4])  # panel 0, inputs 2-3, output 4
+    last = _panel(panels, 1)
     assert torch.equal(last[2, 3], torch.stack([weight[19, 4], torch.tensor(0.0).bfloat16()]))  # padding is 0
     assert not last[:, 4:].any()  # outputs past 20
 
@@ -89,7 +99,7 @@ def test_groups_of_four_panels_lie_interleaved_pair_by_pair() -> None:
         for j in range(2):
             assert torch.equal(second_group[k, j], weight[16 * (4 + j):16 * (5 + j), 2 * k:2 * k + 2])
     for panel in range(6):
-        assert torch.equal(kernels.bf16_panel(kernels.bf16_panels(weight), panel),
+        assert torch.equal(_panel(kernels.bf16_panels(weight), panel),
                            weight[16 * panel:16 * (panel + 1)].view(16, 4, 2).transpose(0, 1))
 
 

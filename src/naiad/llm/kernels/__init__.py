@@ -300,7 +300,7 @@ def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
     """A bf16 weight `[out, in]` in bf16_linear.c's layout (the padding, to whole panels and an even
     width, zero): the memory of `[panels, in_pad / 2, 16, 2]`, the panels stored in groups of
     `BF16_GROUP`, each group interleaved pair by pair (`[in_pad / 2, its panels, 16, 2]`) so that
-    the kernel reads a group as one stream. `bf16_panel` reads one panel back."""
+    the kernel reads a group as one stream."""
     out_features, in_features = weight.shape
     panels, in_pad = -(-out_features // BF16_PANEL), in_features + (in_features & 1)
     padded = weight.new_zeros(panels * BF16_PANEL, in_pad, dtype=torch.bfloat16)
@@ -309,16 +309,6 @@ def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
     groups = [by_panel[first:first + BF16_GROUP].transpose(0, 1).flatten()
               for first in range(0, panels, BF16_GROUP)]
     return torch.cat(groups).view(panels, in_pad // 2, BF16_PANEL, 2)
-
-
-def bf16_panel(packed: torch.Tensor, panel: int) -> torch.Tensor:
-    """Panel `panel` of `bf16_panels`' result, `[in_pad / 2, 16, 2]`: for each pair of inputs, the
-    16 outputs' two weights."""
-    panels, pairs = packed.shape[:2]
-    first = panel - panel % BF16_GROUP
-    size = min(BF16_GROUP, panels - first)
-    group = packed.flatten()[first * pairs * BF16_PANEL * 2:(first + size) * pairs * BF16_PANEL * 2]
-    return group.view(pairs, size, BF16_PANEL, 2)[:, panel - first]
 
 
 def check_bf16_weights(panels: torch.Tensor, bias: torch.Tensor | None, in_features: int, out_features: int) -> None:
