@@ -305,10 +305,12 @@ def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
     panels, in_pad = -(-out_features // BF16_PANEL), in_features + (in_features & 1)
     padded = weight.new_zeros(panels * BF16_PANEL, in_pad, dtype=torch.bfloat16)
     padded[:out_features, :in_features] = weight
-    by_panel = padded.view(panels, BF16_PANEL, in_pad // 2, 2).transpose(1, 2)  # [panels, pairs, 16, 2]
-    groups = [by_panel[first:first + BF16_GROUP].transpose(0, 1).flatten()
-              for first in range(0, panels, BF16_GROUP)]
-    return torch.cat(groups).view(panels, in_pad // 2, BF16_PANEL, 2)
+    pairs = in_pad // 2
+    by_panel = padded.view(panels, BF16_PANEL, pairs, 2).transpose(1, 2)  # [panels, pairs, 16, 2]
+    whole = panels - panels % BF16_GROUP  # the panels in full groups; the rest form a smaller last one
+    groups = by_panel[:whole].reshape(whole // BF16_GROUP, BF16_GROUP, pairs, BF16_PANEL, 2).transpose(1, 2)
+    last = by_panel[whole:].transpose(0, 1)
+    return torch.cat([groups.flatten(), last.flatten()]).view(panels, pairs, BF16_PANEL, 2)
 
 
 def check_bf16_weights(panels: torch.Tensor, bias: torch.Tensor | None, in_features: int, out_features: int) -> None:
