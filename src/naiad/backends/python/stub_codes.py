@@ -45,9 +45,9 @@ def trace(trace_id: int) -> Any:
     """The InferenceTrace a received request hands its model: the server's trace id, if traced."""
     if not trace_id:
         return _UNTRACED
-    trace = pb_utils.InferenceTrace()
-    trace._handle = trace_id
-    return trace
+    traced = pb_utils.InferenceTrace()
+    traced._handle = trace_id
+    return traced
 
 
 def trace_id(trace: Any) -> int:
