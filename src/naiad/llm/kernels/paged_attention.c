@@ -49,25 +49,20 @@ static inline __attribute__((always_inline)) void add_value(int dtype, int64_t h
     for (int64_t i = 0; i < head_dim; i++) sum[i] += w * cached(dtype, v, i);
 }
 
-/* Asks for the slices of the cache block after `b` that the job reads (its kv heads' part of each
- * token's record, contiguous) while block b is computed: the next block lies wherever the block
- * table says, which no hardware prefetcher can guess. Measured with the earlier head-by-head loop:
- * 64 rows of a 123M model's bf16 cache (39 MB a call), 2.3-3.1 ms a call without it, 1.6-2.1 ms
- * with it; one row, 1.15-1.25x the time without it at 512-2,048 tokens. Only the job's slice:
- * where one row's heads are split over the threads (one stream), asking for whole records made
- * each thread bring in the other's half as well (one row over a 123M model's 12 layers, cache on
- * huge pages, same process, alternating: 0.96-0.99x the time at 128 tokens, 0.82-0.98x at 512,
- * 0.95-1.01x at 2,048). */
-static inline void prefetch_block(const char *cache, const int64_t *table, int64_t b, int64_t last_block,
-                                  int64_t block_size, int64_t record_bytes, int64_t slice_offset,
-                                  int64_t slice_bytes) {
-    if (b + 1 > last_block) return;
-    const char *next = cache + table[b + 1] * block_size * record_bytes + slice_offset;
-    for (int64_t t = 0; t < block_size; t++, next += record_bytes) {
-        const uintptr_t last = (uintptr_t)(next + slice_bytes - 1); /* every line of the slice, no more */
-        for (uintptr_t line = (uintptr_t)next & ~(uintptr_t)63; line <= last; line += 64)
-            __builtin_prefetch((const void *)line, 0, 2);
-    }
+/* Asks for one token's slice of a record (the job's kv heads' part of it, every line of it and no
+ * more) that the loop reads a block later: a block lies wherever the block table says, which no
+ * hardware prefetcher can guess. The loops below ask for one such slice per token they compute,
+ * so that a steady few lines are in flight behind the work. Asking for a whole block at once (384
+ * lines at 12 heads) held the core until the memory took the requests, and then computed with
+ * nothing in flight: the reads and the arithmetic added up instead of overlapping (16 rows x 256
+ * tokens over 12 layers took 7.2-8.3 ms from memory, 3.0-3.2 ms from cache; asked for token by
+ * token, 4.2-5.6 ms; docs/benchmarks.md, 2026-12-06 06:00). Only the job's slice: where one row's
+ * heads are split over the threads, asking for whole records made each thread bring in the
+ * other's half as well. */
+static inline void prefetch_slice(const char *slice, int64_t slice_bytes) {
+    const uintptr_t last = (uintptr_t)(slice + slice_bytes - 1);
+    for (uintptr_t line = (uintptr_t)slice & ~(uintptr_t)63; line <= last; line += 64)
+        __builtin_prefetch((const void *)line, 0, 2);
 }
 
 /* The arguments of one call, and the rows [row_begin, row_end) and query heads
@@ -120,6 +115,13 @@ static inline __attribute__((always_inline)) void rows(job_t *job, const int dty
         const int64_t first = job->window > 0 && ctx > job->window ? ctx - job->window : 0;
         const int64_t span = ctx - first;
         const int64_t *table = job->block_tables + r * job->max_blocks;
+        const int64_t last = (ctx - 1) / block_size;
+        const char *next_row = NULL; /* the next row's first keys, if this job has it */
+        if (r + 1 < job->row_end) {
+            const int64_t next_ctx = job->context_lens[r + 1];
+            const int64_t next_first = job->window > 0 && next_ctx > job->window ? next_ctx - job->window : 0;
+            next_row = kc + table[job->max_blocks + next_first / block_size] * block_size * record_bytes;
+        }
         load_f32(dtype, (const char *)job->q + (r * heads + h0) * head_dim * elem, qf + h0 * head_dim,
                  (h1 - h0) * head_dim);
         for (int64_t i = h0 * head_dim; i < h1 * head_dim; i++) qf[i] *= job->scale;
@@ -127,13 +129,16 @@ static inline __attribute__((always_inline)) void rows(job_t *job, const int dty
             const int64_t p0 = b * block_size > first ? b * block_size : first;
             const int64_t p1 = (b + 1) * block_size < ctx ? (b + 1) * block_size : ctx;
             const int64_t slot0 = table[b] * block_size - b * block_size; /* + p: position p's slot */
-            prefetch_block(kc, table, b, (ctx - 1) / block_size, block_size, record_bytes, slice_offset,
-                           slice_bytes);
-            for (int64_t p = p0; p < p1; p++) /* token by token: the block's records read in order */
+            /* the slices read a block from now: the next block's, after the last the values' first */
+            const char *ahead = b < last ? kc + table[b + 1] * block_size * record_bytes
+                                         : vc + table[first / block_size] * block_size * record_bytes;
+            for (int64_t p = p0; p < p1; p++) { /* token by token: the block's records read in order */
+                prefetch_slice(ahead + (p - b * block_size) * record_bytes + slice_offset, slice_bytes);
                 for (int64_t h = h0; h < h1; h++)
                     scores[h * span + (p - first)] =
                         key_dot(dtype, head_dim, qf + h * head_dim,
                                 kc + ((slot0 + p) * token_stride + (h / group) * head_dim) * elem);
+            }
         }
         for (int64_t h = h0; h < h1; h++) {
             float *row_scores = scores + h * span;
@@ -152,12 +157,13 @@ static inline __attribute__((always_inline)) void rows(job_t *job, const int dty
             const int64_t p0 = b * block_size > first ? b * block_size : first;
             const int64_t p1 = (b + 1) * block_size < ctx ? (b + 1) * block_size : ctx;
             const int64_t slot0 = table[b] * block_size - b * block_size;
-            prefetch_block(vc, table, b, (ctx - 1) / block_size, block_size, record_bytes, slice_offset,
-                           slice_bytes);
-            for (int64_t p = p0; p < p1; p++)
+            const char *ahead = b < last ? vc + table[b + 1] * block_size * record_bytes : next_row;
+            for (int64_t p = p0; p < p1; p++) {
+                if (ahead) prefetch_slice(ahead + (p - b * block_size) * record_bytes + slice_offset, slice_bytes);
                 for (int64_t h = h0; h < h1; h++)
                     add_value(dtype, head_dim, acc + h * head_dim, scores[h * span + (p - first)],
                               vc + ((slot0 + p) * token_stride + (h / group) * head_dim) * elem);
+            }
         }
         store_f32(dtype, acc + h0 * head_dim, (char *)job->out + (r * heads + h0) * head_dim * elem,
                   (h1 - h0) * head_dim);
