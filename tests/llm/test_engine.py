@@ -13,6 +13,7 @@ import pytest
 
 from llm.tiny_models import PREFIX, REQUESTS, TINY, hf_greedy, hf_model, run_staggered, tokens
 from naiad.errors import InvalidArgument
+from naiad.llm import kernels
 from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 from naiad.llm.engine.sampling_params import GREEDY, SamplingParams
 from naiad.llm.engine.sequence import FinishReason, Sequence
@@ -246,3 +247,25 @@ def test_an_embedding_may_fill_the_whole_context(tiny_models: dict[str, Path]) -
         engine.add_request(tokens(97, 8), 1, sampling_params=SamplingParams(pooling="mean"))
     with pytest.raises(InvalidArgument, match="pooling must be one of"):
         SamplingParams(pooling="cls")
+
+
+@pytest.mark.skipif(kernels.library() is None, reason="gcc could not build the CPU kernels")
+def test_greedy_decode_steps_take_the_fused_head_and_its_tokens_are_the_samplers(
+        tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _engine(tiny_models["llama"], quantization="int8")  # 8-bit linears: fused layers and head
+    head = engine.runner.model.fused_head
+    assert head is not None
+    rows: list[int] = []
+    real = head.greedy
+    monkeypatch.setattr(head, "greedy", lambda x, residual: rows.append(x.shape[0]) or real(x, residual))
+    prompts = [PREFIX[:7], PREFIX[:12], PREFIX]
+    fused = engine.generate(prompts, 6, GREEDY)
+    assert rows and max(rows) == 3, "the decode steps of plain greedy requests took the fused head"
+    engine.runner.model.fused_head = None  # the forward's logits, then the sampler's argmax
+    assert engine.generate(prompts, 6, GREEDY) == fused
+    engine.runner.model.fused_head = head
+    rows.clear()
+    engine.add_request(PREFIX[:9], 4, sampling_params=SamplingParams(temperature=0.0, logprobs=2))
+    engine.add_request(PREFIX[:5], 4, sampling_params=SamplingParams(temperature=0.0, logit_bias=((3, 5.0),)))
+    _finish(engine)
+    assert rows == [], "steps that need the logits (logprobs, a bias) take the forward and the sampler"

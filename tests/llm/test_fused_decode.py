@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from llm.test_gguf_q8 import write_gguf
-from llm.test_quantization_smollm2 import Batch
+from llm.test_quantization_smollm2 import BLOCK, Batch
 from llm.tiny_models import tokens
 from naiad.llm import kernels
 from naiad.llm.engine.model_runner import ModelRunner, RunnerConfig
+from naiad.llm.layers.attention import AttentionMetadata
 from naiad.llm.models.fused_decode import FusedDecode
 from naiad.llm.models.llama import LlamaForCausalLM
 
@@ -67,6 +68,41 @@ def test_fused_steps_give_the_layer_by_layers_logits_bit_for_bit(model: LlamaFor
         model.model.fused_decode = fused
     for step, (a, b) in enumerate(zip(got, expected, strict=True)):
         assert torch.equal(a, b), f"step {step}: max difference {(a - b).abs().max()}"
+
+
+def _greedy(batch: Batch, nexts: list[int]) -> list[int]:
+    """One decode step of `batch`'s sequences through the fused layers and head: each row's token."""
+    contexts = [done + 1 for done in batch.computed]
+    meta = AttentionMetadata.build([1] * len(nexts), contexts, batch.tables, BLOCK, "cpu")
+    with torch.inference_mode():
+        got = batch.model.greedy_tokens(torch.tensor(nexts), torch.tensor(batch.computed), meta, batch.caches)
+    assert got is not None, "a decode step of a fused model takes the fused head"
+    batch.computed = contexts
+    return got.tolist()
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 20])
+def test_the_fused_head_picks_the_forwards_most_likely_tokens(model: LlamaForCausalLM, rows: int) -> None:
+    assert model.fused_head is not None, "the LM head is of the fused layers' kind"
+    prompts = [tokens(5 + 3 * i, seed=60 + i) for i in range(rows)]
+    fused, forward = Batch(model, rows, 80), Batch(model, rows, 80)
+    fused.feed(prompts)
+    forward.feed(prompts)
+    nexts = [prompt[-1] for prompt in prompts]
+    for step in range(5):
+        expected = [int(logits[0].max(dim=-1).indices) for logits in forward.feed([[t] for t in nexts])]
+        got = _greedy(fused, nexts)
+        assert got == expected, f"step {step}"
+        nexts = got
+
+
+@needs_kernels
+def test_the_fused_head_leaves_prefills_to_the_forward(model: LlamaForCausalLM) -> None:
+    batch = Batch(model, 2, 64)
+    meta = AttentionMetadata.build([3, 1], [3, 1], batch.tables, BLOCK, "cpu")
+    with torch.inference_mode():
+        assert model.greedy_tokens(torch.tensor([1, 2, 3, 4]), torch.tensor([0, 1, 2, 0]), meta, batch.caches) is None
 
 
 @needs_kernels

@@ -41,7 +41,7 @@ from naiad.llm.layers.cpu_linear import can_prepack, prepack_linears
 from naiad.llm.layers.quantization import quantize_linears, weight_bytes
 from naiad.llm.layers.sampler import SamplingBatch, logprobs, sample
 from naiad.llm.loading.loader import load_model, resolve_quantization
-from naiad.llm.models.fused_decode import FusedDecode
+from naiad.llm.models.fused_decode import FusedDecode, FusedHead
 
 #: What `execute` returns for rows that sample nothing (prefill chunks with more to come).
 NO_TOKEN = -1
@@ -166,6 +166,8 @@ class ModelRunner:
             huge_pages.place(self.model)
         if packed:
             self.model.model.fused_decode = FusedDecode.build(self.model.model)
+            self.model.fused_head = FusedHead.build(self.model.model.fused_decode, self.model.model.norm,
+                                                    self.model.lm_head, self.args.vocab_size)
         release_freed_heap()
         self.kv_cache_memory = kv_cache_budget(config, self.device)
         # This rank's kv heads of its stage's layers; every rank of every stage must have the same
@@ -245,11 +247,15 @@ class ModelRunner:
         # Structured outputs: their masks are filled while the model runs.
         guided = [(row, seq.grammar) for row, seq in enumerate(sampling) if seq.grammar is not None]
         masks = self.masks.start(guided) if guided else None
+        batch = self._sampling_batch(sampling)
+        if masks is None and batch.argmax_only:
+            greedy = self._greedy_step(output)
+            if greedy is not None:
+                return greedy, None
         logits = self._forward(output)
         if len(logits) > len(sampling):  # past the sampling rows: the prompt positions asked for
             self._record_prompt_logprobs(output, logits[len(sampling):])
             logits = logits[: len(sampling)]
-        batch = self._sampling_batch(sampling)
         if masks is not None:
             rows, bits = masks.result()
             batch.allowed = (self._tensor(rows), torch.from_numpy(bits).to(self.device))
@@ -270,6 +276,19 @@ class ModelRunner:
             else:
                 per_row.append(None)
         return token_ids, per_row
+
+    def _greedy_step(self, output: SchedulerOutput) -> list[int] | None:
+        """A decode step whose rows all sample their most likely token, through the model's fused
+        layers and head: the tokens, without logits in Python; None where that path does not
+        take the step (the caller then runs the forward and the sampler)."""
+        if (self.model.fused_head is None or self.stage is not None or self.graphs is not None
+                or self.send_step is not None or not all(output.sample)
+                or any(n != 1 for n in output.num_tokens) or self.pool_positions(output)
+                or self.prompt_positions(output)):
+            return None
+        inputs = self.inputs(self.plan(output))
+        tokens = self.model.greedy_tokens(inputs.token_ids, inputs.positions, inputs.meta, self.kv_caches)
+        return None if tokens is None else tokens.tolist()
 
     @staticmethod
     def prompt_positions(output: SchedulerOutput) -> list[tuple[int, Sequence, int]]:

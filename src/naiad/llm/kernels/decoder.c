@@ -123,3 +123,54 @@ int decode_layers(const decode_shape_t *s, const decoder_layer_t *layers, int64_
     free(h), free(qkv), free(q), free(attn), free(gate_up), free(act);
     return status;
 }
+
+/* Whether a logit's bits are a NaN (the library is built with -ffast-math, under which isnan()
+ * may be assumed false). */
+static inline int is_nan_bits(int dtype, const void *logits, int64_t i) {
+    if (dtype == DTYPE_F32) {
+        uint32_t bits;
+        memcpy(&bits, (const float *)logits + i, sizeof bits);
+        return (bits & 0x7fffffffu) > 0x7f800000u;
+    }
+    const uint16_t bits = ((const uint16_t *)logits)[i];
+    return dtype == DTYPE_BF16 ? (bits & 0x7fffu) > 0x7f80u : (bits & 0x7fffu) > 0x7c00u;
+}
+
+static inline float logit_at(int dtype, const void *logits, int64_t i) {
+    if (dtype == DTYPE_F32) return ((const float *)logits)[i];
+    if (dtype == DTYPE_BF16) return bf16_to_f32(((const uint16_t *)logits)[i]);
+    return (float)((const _Float16 *)logits)[i];
+}
+
+/* The index of the first largest of `n` logits, as torch's max(dim=-1).indices gives it: the first
+ * NaN wins, since torch's max propagates NaN. */
+static int64_t first_max(int dtype, const void *logits, int64_t n) {
+    int64_t best = 0;
+    float top = logit_at(dtype, logits, 0);
+    if (is_nan_bits(dtype, logits, 0)) return 0;
+    for (int64_t i = 1; i < n; i++) {
+        const float v = logit_at(dtype, logits, i);
+        if (v > top) best = i, top = v;
+        else if (is_nan_bits(dtype, logits, i)) return i;
+    }
+    return best;
+}
+
+/* A greedy decode step's head: logits = linear(rms_norm(x + residual), head) for every row, and
+ * tokens[r] the first largest of row r's first `vocab` logits. The same kernels, in the same order,
+ * as the final norm, the LM head and torch's max in the layer-by-layer forward (bit for bit the
+ * same tokens): one call instead of a dozen Python-level ones, each slowed by caches the step's
+ * weights had just swept. Returns 0, -1 without scratch memory, or a kernel's error status. */
+int decode_head(const decode_shape_t *s, const void *norm, const linear_t *head, const void *x, const void *residual,
+                void *logits, int64_t vocab, int64_t *tokens) {
+    const int64_t elem = elem_size(s->dtype), rows = s->rows;
+    char *h = malloc((size_t)(rows * s->hidden * elem));
+    char *summed = malloc((size_t)(rows * s->hidden * elem));
+    int status = (h && summed) ? 0 : -1;
+    if (status == 0) status = rms_norm(s->dtype, x, residual, summed, norm, h, rows, s->hidden, s->eps);
+    if (status == 0) status = linear(s, head, h, logits);
+    for (int64_t r = 0; r < rows && status == 0; r++)
+        tokens[r] = first_max(s->dtype, (const char *)logits + r * head->out * elem, vocab);
+    free(h), free(summed);
+    return status;
+}

@@ -1,4 +1,5 @@
-"""`decode_layers` (decoder.c): a decode step's decoder layers in one C call, from Python.
+"""`decode_layers` and `decode_head` (decoder.c): a decode step's decoder layers in one C call, and
+a greedy step's final norm, LM head and argmax in another, from Python.
 
 The structures mirror decoder.c's; `Linear`, `DecoderLayer` and `DecodeShape` are filled once
 per model (weights' addresses do not move once loaded) by naiad.llm.models.fused_decode, which
@@ -129,3 +130,23 @@ def decode_layers(
         raise RuntimeError("decode_layers was given bf16 linears where bf16_linear does not run")
     _check(status, "decode_layers")
     return out, stream
+
+
+def decode_head(
+    shape: DecodeShape, norm: torch.Tensor, head: Linear, x: torch.Tensor, residual: torch.Tensor, vocab: int
+) -> torch.Tensor:
+    """Each row's greedy token (int64 `[rows]`) from the last layer's output `x + residual`: the
+    final norm (weight `norm`), the LM head `head`, and the first largest of each row's first
+    `vocab` logits, as the layer-by-layer forward and torch's max would give it."""
+    rows = x.shape[0]
+    x, residual = x.contiguous(), residual.contiguous()
+    logits = torch.empty((rows, head.out_features), dtype=x.dtype)
+    tokens = torch.empty(rows, dtype=torch.int64)
+    shape.rows, shape.threads, shape.dtype = rows, torch.get_num_threads(), _DTYPES[x.dtype]
+    shape.vnni = int(vnni_wanted())
+    status = _lib().decode_head(ctypes.byref(shape), norm.data_ptr(), ctypes.byref(head), x.data_ptr(),
+                                residual.data_ptr(), logits.data_ptr(), vocab, tokens.data_ptr())
+    if status == -3:
+        raise RuntimeError("decode_head was given a bf16 LM head where bf16_linear does not run")
+    _check(status, "decode_head")
+    return tokens

@@ -27,7 +27,7 @@ from naiad.llm.layers.cpu_linear import PanelLinear
 from naiad.llm.layers.quantization import KERNEL_MAX_ROWS, _PackedLinear
 
 if TYPE_CHECKING:
-    from naiad.llm.models.llama import DecoderLayer, LlamaModel
+    from naiad.llm.models.llama import DecoderLayer, LlamaModel, RMSNorm
 
 
 class FusedDecode:
@@ -103,6 +103,36 @@ class FusedDecode:
             self._caches = caches
         return decoder.decode_layers(self.shape, self.layers, x, residual, *rope, meta.slot_mapping,
                                      meta.decode_block_tables, meta.decode_context_lens)
+
+
+class FusedHead:
+    """A greedy decode step's final norm, LM head and argmax as one C call (decoder.decode_head),
+    after the fused layers: at one stream the dozen Python-level calls it replaces (the rows'
+    selection, the norm's and the head's wrappers, torch's max) took ~0.3 ms a step, their code and
+    data evicted from the caches by the step's weights (docs/benchmarks.md, 2026-12-06 06:40)."""
+
+    def __init__(self, layers: FusedDecode, norm: torch.Tensor, head: nn.Module, vocab_size: int) -> None:
+        self.layers = layers  # its shape (hidden size, eps, threads) serves the head too
+        self.norm = norm
+        self.head = _linear(head)
+        self.vocab_size = vocab_size
+
+    @staticmethod
+    def build(layers: FusedDecode | None, norm: RMSNorm | None, head: nn.Module | None,
+              vocab_size: int) -> FusedHead | None:
+        """The fused head, where the layers are fused and the LM head is of their kind (its
+        activations in their dtype); else None."""
+        if layers is None or norm is None or head is None or _kind(head) != ("bf16" if layers.bf16 else "q8"):
+            return None
+        weight = norm.weight
+        if weight.dtype != layers.dtype or not (kernels.supports(weight) and weight.is_contiguous()):
+            return None
+        return FusedHead(layers, weight, head, vocab_size)
+
+    def greedy(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Each row's token (int64 `[rows]`) from the fused layers' output, as `compute_logits`
+        followed by the sampler's argmax would give it."""
+        return decoder.decode_head(self.layers.shape, self.norm, self.head, x, residual, self.vocab_size)
 
 
 def _layers(model: LlamaModel) -> list[DecoderLayer]:

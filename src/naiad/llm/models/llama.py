@@ -32,7 +32,7 @@ from torch import nn
 from naiad.llm import kernels
 from naiad.llm.distributed.parallel import TensorParallel
 from naiad.llm.layers.attention import AttentionMetadata, KVCache, paged_attention
-from naiad.llm.models.fused_decode import FusedDecode
+from naiad.llm.models.fused_decode import FusedDecode, FusedHead
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -363,6 +363,9 @@ class LlamaForCausalLM(nn.Module):
             nn.Linear(args.hidden_size, tp.padded_vocab(args.vocab_size), bias=False) if tp.pipeline.last else None
         )
         self.tie_weights()
+        #: a greedy decode step's final norm, LM head and argmax as one C call (fused_decode.py),
+        #: set by the runner with the fused layers; None: compute_logits, then the sampler
+        self.fused_head: FusedHead | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -395,6 +398,21 @@ class LlamaForCausalLM(nn.Module):
         """
         hidden, residual = self.model(token_ids, positions, meta, kv_caches)
         return self.compute_logits(hidden, residual, logits_indices)
+
+    def greedy_tokens(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]
+    ) -> torch.Tensor | None:
+        """A decode step whose every row takes its most likely token: those tokens (int64 `[rows]`),
+        the layers and the head each one C call; None where the fused path does not take the step
+        (nothing is computed then: the caller runs `forward` and samples)."""
+        fused = self.model.fused_decode
+        if self.fused_head is None or fused is None or meta.prefills:
+            return None
+        x = self.model.embed(token_ids)
+        if not fused.applies(x, meta):
+            return None
+        hidden, residual = self.model.run_layers(x, None, positions, meta, kv_caches)
+        return self.fused_head.greedy(hidden, residual)
 
     def compute_logits(
         self, hidden: torch.Tensor, residual: torch.Tensor, logits_indices: torch.Tensor
