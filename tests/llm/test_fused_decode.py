@@ -110,8 +110,8 @@ def test_it_applies_only_to_decode_steps(model: LlamaForCausalLM, monkeypatch: p
     fused = model.model.fused_decode
     assert fused is not None
     calls: list[int] = []
-    real = fused.run
-    monkeypatch.setattr(fused, "run", lambda x, *rest: calls.append(x.shape[0]) or real(x, *rest))
+    real = fused.run_tokens
+    monkeypatch.setattr(fused, "run_tokens", lambda ids, *rest: calls.append(ids.shape[0]) or real(ids, *rest))
     batch = Batch(model, 2, 64)
     batch.feed([tokens(9, seed=1), tokens(4, seed=2)])  # prefill
     batch.feed([[1], tokens(3, seed=3)])  # a decode row beside a prefill chunk
@@ -128,3 +128,42 @@ def test_it_does_not_apply_to_an_unquantized_model_or_when_turned_off(
     assert _model(tiny_models["llama"], "none", "bf16").model.fused_decode is None
     monkeypatch.setenv("NAIAD_LLM_FUSED_DECODE", "0")
     assert _model(tiny_models["llama"], "int8").model.fused_decode is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotary_tables_hold_what_the_rotary_gives_each_position(model: LlamaForCausalLM,
+                                                                   dtype: torch.dtype) -> None:
+    rotary = model.model.rotary
+    positions = torch.tensor([0, 1, 7, 1023, 1024, 2500])
+    cos, sin = rotary.tables(dtype, 2501)
+    assert cos.shape[0] >= 2501 and cos.dtype == sin.dtype == dtype
+    expected_cos, expected_sin = rotary(positions, dtype)
+    assert torch.equal(cos[positions], expected_cos.reshape(len(positions), -1))
+    assert torch.equal(sin[positions], expected_sin.reshape(len(positions), -1))
+    assert rotary.tables(dtype)[0] is cos, "kept while long enough"
+
+
+@needs_kernels
+def test_a_step_past_the_rotary_tables_grows_them(model: LlamaForCausalLM) -> None:
+    rotary = model.model.rotary
+    fused = model.model.fused_decode
+    assert fused is not None
+    saved = dict(rotary._tables)
+    try:
+        cos, sin = rotary.tables(fused.dtype)
+        rotary._tables[fused.dtype] = (cos[:4], sin[:4])  # shorter than the prompts below
+        got = _decode(model, fused, 3)
+        assert rotary.tables(fused.dtype)[0].shape[0] >= 1024
+    finally:
+        rotary._tables = saved
+    for step, (a, b) in enumerate(zip(got, _decode(model, fused, 3), strict=True)):
+        assert torch.equal(a, b), f"step {step}"
+
+
+@needs_kernels
+def test_a_token_outside_the_embedding_is_refused(model: LlamaForCausalLM) -> None:
+    batch = Batch(model, 1, 16)
+    batch.feed([tokens(3, seed=5)])
+    meta = AttentionMetadata.build([1], [4], batch.tables, BLOCK, "cpu")
+    with torch.inference_mode(), pytest.raises(ValueError, match="outside the embedding"):
+        model(torch.tensor([model.args.vocab_size + 5]), torch.tensor([3]), meta, batch.caches, torch.arange(1))

@@ -113,11 +113,12 @@ def library() -> ctypes.CDLL | None:
         lib.q8_has_vnni.argtypes = []
         lib.decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                       ctypes.c_void_p, ctypes.c_int, *[ctypes.c_void_p] * 5]
+        lib.decode_tokens.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, *[ctypes.c_void_p] * 6]
         lib.decode_head.argtypes = [*[ctypes.c_void_p] * 6, ctypes.c_int64, ctypes.c_void_p]
         lib.bf16_linear.argtypes = [*[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 4]
         lib.bf16_linear_supported.argtypes = []
-        for name in ("rms_norm", "rotary", "silu_mul", "q8_linear", "q8_has_vnni", "decode_layers", "decode_head",
-                     "bf16_linear", "bf16_linear_supported"):
+        for name in ("rms_norm", "rotary", "silu_mul", "q8_linear", "q8_has_vnni", "decode_layers", "decode_tokens",
+                     "decode_head", "bf16_linear", "bf16_linear_supported"):
             getattr(lib, name).restype = ctypes.c_int
         _library = lib
         return _library

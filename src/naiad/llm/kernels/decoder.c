@@ -17,6 +17,8 @@
  *   x         = linear(silu_mul(linear(h, gate_up)), down)
  *
  * Every row is a decode row: one new token per sequence, at position context_len - 1.
+ * decode_tokens starts from the rows' token ids and positions (the embedding and rotary rows looked
+ * up here), and decode_head ends a greedy step: the final norm, the LM head and each row's argmax.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -172,5 +174,45 @@ int decode_head(const decode_shape_t *s, const void *norm, const linear_t *head,
     for (int64_t r = 0; r < rows && status == 0; r++)
         tokens[r] = first_max(s->dtype, (const char *)logits + r * head->out * elem, vocab);
     free(h), free(summed);
+    return status;
+}
+
+/* A decode step's rows as token ids and positions, for decode_tokens. */
+typedef struct {
+    const int64_t *tokens;    /* [rows] */
+    const void *embedding;    /* [vocab, hidden], in the activations' dtype */
+    int64_t vocab;
+    const int64_t *positions; /* [rows] */
+    const void *cos, *sin;    /* [table_len, head_dim], in the activations' dtype */
+    int64_t table_len;
+} decode_tokens_t;
+
+/* decode_layers from token ids and positions: each row's embedding and its position's rotary rows
+ * are copied here from the tables (rows equal to what the embedding lookup and the rotary module
+ * give, so the results are decode_layers' bit for bit), saving the step the Python-level calls
+ * that made them. x and residual receive the layers' outputs ([rows, hidden] each). Returns -4
+ * when a position lies past the rotary tables (the caller grows them and calls again), -5 for a
+ * token id outside the embedding, else as decode_layers. */
+int decode_tokens(const decode_shape_t *s, const decoder_layer_t *layers, int64_t n_layers, const decode_tokens_t *in,
+                  void *x, void *residual, const int64_t *slots, const int64_t *block_tables,
+                  const int64_t *context_lens) {
+    const int64_t elem = elem_size(s->dtype), rows = s->rows, hidden = s->hidden, head_dim = s->head_dim;
+    for (int64_t r = 0; r < rows; r++) {
+        if (in->positions[r] < 0 || in->positions[r] >= in->table_len) return -4;
+        if (in->tokens[r] < 0 || in->tokens[r] >= in->vocab) return -5;
+    }
+    char *cos = malloc((size_t)(rows * head_dim * elem)), *sin = malloc((size_t)(rows * head_dim * elem));
+    int status = (cos && sin) ? 0 : -1;
+    for (int64_t r = 0; r < rows && status == 0; r++) {
+        memcpy((char *)x + r * hidden * elem, (const char *)in->embedding + in->tokens[r] * hidden * elem,
+               (size_t)(hidden * elem));
+        memcpy(cos + r * head_dim * elem, (const char *)in->cos + in->positions[r] * head_dim * elem,
+               (size_t)(head_dim * elem));
+        memcpy(sin + r * head_dim * elem, (const char *)in->sin + in->positions[r] * head_dim * elem,
+               (size_t)(head_dim * elem));
+    }
+    if (status == 0)
+        status = decode_layers(s, layers, n_layers, x, residual, 1, cos, sin, slots, block_tables, context_lens);
+    free(cos), free(sin);
     return status;
 }

@@ -132,6 +132,58 @@ def decode_layers(
     return out, stream
 
 
+class DecodeTokens(ctypes.Structure):
+    """A decode step's rows as token ids and positions, with the tables decode_tokens reads them in."""
+
+    _fields_ = [
+        ("tokens", ctypes.c_void_p),
+        ("embedding", ctypes.c_void_p),
+        ("vocab", ctypes.c_int64),
+        ("positions", ctypes.c_void_p),
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+        ("table_len", ctypes.c_int64),
+    ]
+
+
+def decode_tokens(
+    shape: DecodeShape,
+    layers: ctypes.Array[DecoderLayer],
+    token_ids: torch.Tensor,
+    positions: torch.Tensor,
+    embedding: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`decode_layers` from int64 token ids and positions: each row's embedding (`embedding`
+    `[vocab, hidden]`) and its position's rows of the rotary tables (cos, sin `[positions,
+    head_dim]`) are looked up in C. None when a position lies past the tables (grow them and call
+    again); `embedding` and the tables must be contiguous and in the layers' dtype."""
+    token_ids, positions, slots = _int64(token_ids), _int64(positions), _int64(slots)
+    tables, context_lens = _int64(block_tables), _int64(context_lens)
+    rows = token_ids.shape[0]
+    x = torch.empty((rows, embedding.shape[1]), dtype=embedding.dtype)
+    stream = torch.empty_like(x)
+    cos, sin = rotary
+    shape.rows, shape.max_blocks = rows, tables.shape[1] if tables.dim() == 2 else 0
+    shape.threads, shape.dtype = torch.get_num_threads(), _DTYPES[embedding.dtype]
+    shape.vnni = int(vnni_wanted())
+    inputs = DecodeTokens(token_ids.data_ptr(), embedding.data_ptr(), embedding.shape[0], positions.data_ptr(),
+                          cos.data_ptr(), sin.data_ptr(), cos.shape[0])
+    status = _lib().decode_tokens(ctypes.byref(shape), layers, len(layers), ctypes.byref(inputs), x.data_ptr(),
+                                  stream.data_ptr(), slots.data_ptr(), tables.data_ptr(), context_lens.data_ptr())
+    if status == -4:
+        return None
+    if status == -5:
+        raise ValueError("a token id outside the embedding")
+    if status == -3:
+        raise RuntimeError("decode_tokens was given bf16 linears where bf16_linear does not run")
+    _check(status, "decode_tokens")
+    return x, stream
+
+
 def decode_head(
     shape: DecodeShape, norm: torch.Tensor, head: Linear, x: torch.Tensor, residual: torch.Tensor, vocab: int
 ) -> torch.Tensor:
@@ -150,3 +202,8 @@ def decode_head(
         raise RuntimeError("decode_head was given a bf16 LM head where bf16_linear does not run")
     _check(status, "decode_head")
     return tokens
+
+
+def _int64(t: torch.Tensor) -> torch.Tensor:
+    """`t` as the contiguous int64 array C reads (itself when it is one already: the usual case)."""
+    return t if t.dtype == torch.int64 and t.is_contiguous() else t.to(torch.int64).contiguous()

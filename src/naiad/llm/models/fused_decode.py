@@ -10,6 +10,12 @@ It applies to a model on the CPU whose linears are all 8-bit (`quantization` "in
 kernels/bf16_linear.c: cpu_linear.PanelLinear), on one tensor-parallel rank, without per-head q/k
 norms (Qwen3), and to steps whose rows are all decode rows (prefill chunks keep the layer-by-layer
 forward). `NAIAD_LLM_FUSED_DECODE=0` turns it off, to compare.
+
+A step that starts from token ids (the first pipeline stage, every step without pipeline
+parallelism) looks up its embedding and rotary rows in the same call (`run_tokens`), and a greedy
+step whose rows need nothing but their argmax ends in one more (`FusedHead`: the final norm, the
+LM head and the argmax). What is left in Python is each step's bookkeeping: on one stream every
+Python-level call ran 5-10x slower than warm, on caches the step's weights had swept.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from naiad.llm.layers.cpu_linear import PanelLinear
 from naiad.llm.layers.quantization import KERNEL_MAX_ROWS, _PackedLinear
 
 if TYPE_CHECKING:
-    from naiad.llm.models.llama import DecoderLayer, LlamaModel, RMSNorm
+    from naiad.llm.models.llama import DecoderLayer, LlamaModel, RMSNorm, RotaryEmbedding
 
 
 class FusedDecode:
@@ -92,6 +98,43 @@ class FusedDecode:
         kv_caches: list[KVCache],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layers over `x + residual`, as `LlamaModel.run_layers` returns them."""
+        self._bind(kv_caches)
+        return decoder.decode_layers(self.shape, self.layers, x, residual, *rope, meta.slot_mapping,
+                                     meta.decode_block_tables, meta.decode_context_lens)
+
+    def takes_tokens(self, token_ids: torch.Tensor, meta: AttentionMetadata, embedding: torch.Tensor) -> bool:
+        """Whether `run_tokens` can run this step: `applies`, with the rows still token ids and the
+        embedding a plain table in the layers' dtype."""
+        rows = token_ids.shape[0]
+        return (not meta.prefills and rows == len(meta.decode_tokens) and embedding.dtype == self.dtype
+                and embedding.device.type == "cpu" and embedding.dim() == 2 and embedding.is_contiguous()
+                and (self.bf16 or rows <= KERNEL_MAX_ROWS or kernels.has_vnni()))
+
+    def run_tokens(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+        embedding: torch.Tensor,
+        rotary: RotaryEmbedding,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layers from the rows' token ids (`takes_tokens`), as `run_layers(embed(token_ids),
+        None, ...)` returns them: the embedding and the rotary rows are looked up in C, from
+        `rotary`'s tables (a step's own rotary and embedding calls were ~0.2 ms at one stream, on
+        caches the weights had swept; docs/benchmarks.md, 2026-12-06 05:58)."""
+        self._bind(kv_caches)
+        tables = rotary.tables(self.dtype)
+        for _ in range(2):
+            out = decoder.decode_tokens(self.shape, self.layers, token_ids, positions, embedding, tables,
+                                        meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens)
+            if out is not None:
+                return out
+            tables = rotary.tables(self.dtype, int(positions.max()) + 1)  # a position past them: grow
+        raise AssertionError("the rotary tables were grown past every position")
+
+    def _bind(self, kv_caches: list[KVCache]) -> None:
+        """Point the layers' table at `kv_caches` (once, and again if the caches move)."""
         caches = tuple(t.data_ptr() for cache in kv_caches for t in cache)
         if caches != self._caches:
             first = kv_caches[0][0]
@@ -101,15 +144,13 @@ class FusedDecode:
                     raise ValueError("the fused decode needs contiguous KV caches in the model's dtype")
                 slot.k_cache, slot.v_cache = keys.data_ptr(), values.data_ptr()
             self._caches = caches
-        return decoder.decode_layers(self.shape, self.layers, x, residual, *rope, meta.slot_mapping,
-                                     meta.decode_block_tables, meta.decode_context_lens)
 
 
 class FusedHead:
     """A greedy decode step's final norm, LM head and argmax as one C call (decoder.decode_head),
     after the fused layers: at one stream the dozen Python-level calls it replaces (the rows'
     selection, the norm's and the head's wrappers, torch's max) took ~0.3 ms a step, their code and
-    data evicted from the caches by the step's weights (docs/benchmarks.md, 2026-12-06 06:40)."""
+    data evicted from the caches by the step's weights (docs/benchmarks.md, 2026-12-06 05:58)."""
 
     def __init__(self, layers: FusedDecode, norm: torch.Tensor, head: nn.Module, vocab_size: int) -> None:
         self.layers = layers  # its shape (hidden size, eps, threads) serves the head too

@@ -168,6 +168,18 @@ class RotaryEmbedding:
         # A plain tensor, not a buffer: the model is built on the meta device and the
         # checkpoint does not carry it. Moved to the positions' device on first use.
         self.inv_freq = rope_inv_freq(args)
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def tables(self, dtype: torch.dtype, length: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[positions, head_dim]` in `dtype` on the CPU for positions 0 to at least
+        `length` - 1, row p what `self` gives position p (the same elementwise operations);
+        kept, and grown by doubling from 1,024 positions."""
+        have = self._tables.get(dtype)
+        if have is None or have[0].shape[0] < length:
+            size = max(length, 1024, 2 * have[0].shape[0] if have is not None else 0)
+            cos, sin = self(torch.arange(size), dtype)
+            have = self._tables[dtype] = (cos.reshape(size, -1).contiguous(), sin.reshape(size, -1).contiguous())
+        return have
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self.inv_freq.device != positions.device:
@@ -314,6 +326,9 @@ class LlamaModel(nn.Module):
         self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's output as (MLP output, residual stream): their sum, before the final norm."""
+        fused, embedding = self.fused_decode, self.embed_tokens
+        if fused is not None and embedding is not None and fused.takes_tokens(token_ids, meta, embedding.weight):
+            return fused.run_tokens(token_ids, positions, meta, kv_caches, embedding.weight, self.rotary)
         return self.run_layers(self.embed(token_ids), None, positions, meta, kv_caches)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -405,13 +420,11 @@ class LlamaForCausalLM(nn.Module):
         """A decode step whose every row takes its most likely token: those tokens (int64 `[rows]`),
         the layers and the head each one C call; None where the fused path does not take the step
         (nothing is computed then: the caller runs `forward` and samples)."""
-        fused = self.model.fused_decode
-        if self.fused_head is None or fused is None or meta.prefills:
+        fused, embedding = self.model.fused_decode, self.model.embed_tokens
+        if (self.fused_head is None or fused is None or embedding is None
+                or not fused.takes_tokens(token_ids, meta, embedding.weight)):
             return None
-        x = self.model.embed(token_ids)
-        if not fused.applies(x, meta):
-            return None
-        hidden, residual = self.model.run_layers(x, None, positions, meta, kv_caches)
+        hidden, residual = fused.run_tokens(token_ids, positions, meta, kv_caches, embedding.weight, self.model.rotary)
         return self.fused_head.greedy(hidden, residual)
 
     def compute_logits(
