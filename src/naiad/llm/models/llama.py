@@ -168,15 +168,17 @@ class RotaryEmbedding:
         # A plain tensor, not a buffer: the model is built on the meta device and the
         # checkpoint does not carry it. Moved to the positions' device on first use.
         self.inv_freq = rope_inv_freq(args)
+        self.max_positions = args.max_position_embeddings
         self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tables(self, dtype: torch.dtype, length: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin `[positions, head_dim]` in `dtype` on the CPU for positions 0 to at least
         `length` - 1, row p what `self` gives position p (the same elementwise operations);
-        kept, and grown by doubling from 1,024 positions."""
+        kept, and grown by doubling from 1,024 positions up to the model's maximum."""
         have = self._tables.get(dtype)
         if have is None or have[0].shape[0] < length:
-            size = max(length, 1024, 2 * have[0].shape[0] if have is not None else 0)
+            doubled = max(1024, 2 * have[0].shape[0] if have is not None else 0)
+            size = max(length, min(doubled, self.max_positions))
             cos, sin = self(torch.arange(size), dtype)
             have = self._tables[dtype] = (cos.reshape(size, -1).contiguous(), sin.reshape(size, -1).contiguous())
         return have
