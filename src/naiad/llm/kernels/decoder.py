@@ -116,19 +116,13 @@ def decode_layers(
     rows = x.shape[0]
     out = x.clone(memory_format=torch.contiguous_format)  # written in place by the layers
     stream = torch.empty_like(out) if residual is None else residual.clone(memory_format=torch.contiguous_format)
-    tables = block_tables.to(torch.int64).contiguous()
-    lens = context_lens.to(torch.int64).contiguous()
-    slot_ids = slots.to(torch.int64).contiguous()
+    tables, lens, slot_ids = _int64(block_tables), _int64(context_lens), _int64(slots)
     cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
-    shape.rows, shape.max_blocks = rows, tables.shape[1] if tables.dim() == 2 else 0
-    shape.threads, shape.dtype = torch.get_num_threads(), _DTYPES[x.dtype]
-    shape.vnni = int(vnni_wanted())
+    _set_call(shape, rows, x.dtype, tables)
     status = _lib().decode_layers(ctypes.byref(shape), layers, len(layers), out.data_ptr(), stream.data_ptr(),
                                   int(residual is None), cos.data_ptr(), sin.data_ptr(), slot_ids.data_ptr(),
                                   tables.data_ptr(), lens.data_ptr())
-    if status == -3:
-        raise RuntimeError("decode_layers was given bf16 linears where bf16_linear does not run")
-    _check(status, "decode_layers")
+    _raise_for(status, "decode_layers")
     return out, stream
 
 
@@ -167,9 +161,7 @@ def decode_tokens(
     x = torch.empty((rows, embedding.shape[1]), dtype=embedding.dtype)
     stream = torch.empty_like(x)
     cos, sin = rotary
-    shape.rows, shape.max_blocks = rows, tables.shape[1] if tables.dim() == 2 else 0
-    shape.threads, shape.dtype = torch.get_num_threads(), _DTYPES[embedding.dtype]
-    shape.vnni = int(vnni_wanted())
+    _set_call(shape, rows, embedding.dtype, tables)
     inputs = DecodeTokens(token_ids.data_ptr(), embedding.data_ptr(), embedding.shape[0], positions.data_ptr(),
                           cos.data_ptr(), sin.data_ptr(), cos.shape[0])
     status = _lib().decode_tokens(ctypes.byref(shape), layers, len(layers), ctypes.byref(inputs), x.data_ptr(),
@@ -178,9 +170,7 @@ def decode_tokens(
         return None
     if status == -5:
         raise ValueError("a token id outside the embedding")
-    if status == -3:
-        raise RuntimeError("decode_tokens was given bf16 linears where bf16_linear does not run")
-    _check(status, "decode_tokens")
+    _raise_for(status, "decode_tokens")
     return x, stream
 
 
@@ -194,14 +184,26 @@ def decode_head(
     x, residual = x.contiguous(), residual.contiguous()
     logits = torch.empty((rows, head.out_features), dtype=x.dtype)
     tokens = torch.empty(rows, dtype=torch.int64)
-    shape.rows, shape.threads, shape.dtype = rows, torch.get_num_threads(), _DTYPES[x.dtype]
-    shape.vnni = int(vnni_wanted())
+    _set_call(shape, rows, x.dtype)
     status = _lib().decode_head(ctypes.byref(shape), norm.data_ptr(), ctypes.byref(head), x.data_ptr(),
                                 residual.data_ptr(), logits.data_ptr(), vocab, tokens.data_ptr())
-    if status == -3:
-        raise RuntimeError("decode_head was given a bf16 LM head where bf16_linear does not run")
-    _check(status, "decode_head")
+    _raise_for(status, "decode_head")
     return tokens
+
+
+def _set_call(shape: DecodeShape, rows: int, dtype: torch.dtype, block_tables: torch.Tensor | None = None) -> None:
+    """The per-call part of `shape`: the rows, the threads and the activations' dtype (and the
+    block tables' width, for the calls that run attention)."""
+    shape.rows, shape.threads, shape.dtype = rows, torch.get_num_threads(), _DTYPES[dtype]
+    shape.vnni = int(vnni_wanted())
+    if block_tables is not None:
+        shape.max_blocks = block_tables.shape[1] if block_tables.dim() == 2 else 0
+
+
+def _raise_for(status: int, what: str) -> None:
+    if status == -3:
+        raise RuntimeError(f"{what} was given bf16 weights where bf16_linear does not run")
+    _check(status, what)
 
 
 def _int64(t: torch.Tensor) -> torch.Tensor:

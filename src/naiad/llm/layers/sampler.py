@@ -51,10 +51,6 @@ class SamplingBatch:
     num_logprobs: int = 0  # the most top alternatives a row asks for
 
     @property
-    def all_greedy(self) -> bool:
-        return self.draw is None
-
-    @property
     def argmax_only(self) -> bool:
         """Every row takes its most likely token as the model gives it: no penalty, bias, ban,
         grammar or logprobs either (the logits themselves are then not needed)."""

@@ -85,9 +85,7 @@ class FusedDecode:
         """Whether this step can run fused: decode rows only, in the layers' dtype, and few enough
         rows for the 8-bit kernel where the CPU lacks VNNI (as _PackedLinear decides per call; bf16
         panels take any number)."""
-        rows = x.shape[0]
-        return (not meta.prefills and rows == len(meta.decode_tokens) and x.dtype == self.dtype
-                and x.device.type == "cpu" and (self.bf16 or rows <= KERNEL_MAX_ROWS or kernels.has_vnni()))
+        return self._takes(x.shape[0], x, meta)
 
     def run(
         self,
@@ -105,10 +103,13 @@ class FusedDecode:
     def takes_tokens(self, token_ids: torch.Tensor, meta: AttentionMetadata, embedding: torch.Tensor) -> bool:
         """Whether `run_tokens` can run this step: `applies`, with the rows still token ids and the
         embedding a plain table in the layers' dtype."""
-        rows = token_ids.shape[0]
-        return (not meta.prefills and rows == len(meta.decode_tokens) and embedding.dtype == self.dtype
-                and embedding.device.type == "cpu" and embedding.dim() == 2 and embedding.is_contiguous()
-                and (self.bf16 or rows <= KERNEL_MAX_ROWS or kernels.has_vnni()))
+        return embedding.dim() == 2 and embedding.is_contiguous() and self._takes(token_ids.shape[0], embedding, meta)
+
+    def _takes(self, rows: int, activations: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Decode rows only, activations in the layers' dtype on the CPU, and few enough rows for
+        the 8-bit kernel where the CPU lacks VNNI."""
+        return (not meta.prefills and rows == len(meta.decode_tokens) and activations.dtype == self.dtype
+                and activations.device.type == "cpu" and (self.bf16 or rows <= KERNEL_MAX_ROWS or kernels.has_vnni()))
 
     def run_tokens(
         self,
@@ -124,14 +125,16 @@ class FusedDecode:
         `rotary`'s tables (a step's own rotary and embedding calls were ~0.2 ms at one stream, on
         caches the weights had swept; docs/benchmarks.md, 2026-12-06 05:58)."""
         self._bind(kv_caches)
-        tables = rotary.tables(self.dtype)
-        for _ in range(2):
-            out = decoder.decode_tokens(self.shape, self.layers, token_ids, positions, embedding, tables,
-                                        meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens)
-            if out is not None:
-                return out
-            tables = rotary.tables(self.dtype, int(positions.max()) + 1)  # a position past them: grow
-        raise AssertionError("the rotary tables were grown past every position")
+
+        def call(tables: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+            return decoder.decode_tokens(self.shape, self.layers, token_ids, positions, embedding, tables,
+                                         meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens)
+
+        out = call(rotary.tables(self.dtype))
+        if out is None:  # a position past the tables: grow them to it
+            out = call(rotary.tables(self.dtype, int(positions.max()) + 1))
+        assert out is not None, "the rotary tables were grown past every position"
+        return out
 
     def _bind(self, kv_caches: list[KVCache]) -> None:
         """Point the layers' table at `kv_caches` (once, and again if the caches move)."""

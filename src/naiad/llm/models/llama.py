@@ -328,10 +328,20 @@ class LlamaModel(nn.Module):
         self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's output as (MLP output, residual stream): their sum, before the final norm."""
-        fused, embedding = self.fused_decode, self.embed_tokens
-        if fused is not None and embedding is not None and fused.takes_tokens(token_ids, meta, embedding.weight):
-            return fused.run_tokens(token_ids, positions, meta, kv_caches, embedding.weight, self.rotary)
+        fused = self.fused_tokens(token_ids, positions, meta, kv_caches)
+        if fused is not None:
+            return fused
         return self.run_layers(self.embed(token_ids), None, positions, meta, kv_caches)
+
+    def fused_tokens(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`forward` as one C call from the token ids (FusedDecode.run_tokens), or None where that
+        path does not take the step (nothing is computed then)."""
+        fused, embedding = self.fused_decode, self.embed_tokens
+        if fused is None or embedding is None or not fused.takes_tokens(token_ids, meta, embedding.weight):
+            return None
+        return fused.run_tokens(token_ids, positions, meta, kv_caches, embedding.weight, self.rotary)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The first stage's input to its layers."""
@@ -422,12 +432,10 @@ class LlamaForCausalLM(nn.Module):
         """A decode step whose every row takes its most likely token: those tokens (int64 `[rows]`),
         the layers and the head each one C call; None where the fused path does not take the step
         (nothing is computed then: the caller runs `forward` and samples)."""
-        fused, embedding = self.model.fused_decode, self.model.embed_tokens
-        if (self.fused_head is None or fused is None or embedding is None
-                or not fused.takes_tokens(token_ids, meta, embedding.weight)):
+        if self.fused_head is None:
             return None
-        hidden, residual = fused.run_tokens(token_ids, positions, meta, kv_caches, embedding.weight, self.model.rotary)
-        return self.fused_head.greedy(hidden, residual)
+        layers = self.model.fused_tokens(token_ids, positions, meta, kv_caches)
+        return None if layers is None else self.fused_head.greedy(*layers)
 
     def compute_logits(
         self, hidden: torch.Tensor, residual: torch.Tensor, logits_indices: torch.Tensor
