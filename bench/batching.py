@@ -73,6 +73,7 @@ from harness import (
     fmt,
     free_ports,
     http_get,
+    median,
     run_perf_analyzer,
     start_server,
 )
@@ -246,11 +247,6 @@ def measure_ceilings(models: list[BenchModel], seconds: float) -> list[Ceiling]:
 
 # ---------------------------------------------------------------------------------------------
 # reporting
-
-
-def median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
 
 
 def ceiling_of(ceilings: list[Ceiling], model: str) -> float | None:

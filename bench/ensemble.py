@@ -1,6 +1,6 @@
 """The embedding ensemble against the same three steps called in-process.
 
-    .venv/bin/python bench/ensemble.py [--concurrency 32] [--seconds 10] [--protocols grpc http openai]
+    .venv/bin/python bench/ensemble.py [--concurrency 32] [--seconds 10] [--protocols grpc http openai] [--rounds 3]
 
 naiad serves ``minilm_embed`` from the example repository (``make examples`` writes its files):
 minilm_tokenizer (python) -> minilm_encoder (onnx) -> minilm_pooling (python), all inside the
@@ -15,7 +15,11 @@ minilm_encoder's model.onnx (default threads) and the numpy ``mean_pool_normaliz
 minilm_pooling. The headline is naiad's sentences per second over the baseline's; a second
 in-process row encodes ``--concurrency`` sentences per call (padded), what batching alone buys
 without a server. Each row reports the CPU time spent per sentence: the server's whole process
-tree (model processes included) from /proc, the in-process rows' own process time. Results go to
+tree (model processes included) from /proc, the in-process rows' own process time.
+
+naiad starts once; each of ``--rounds`` rounds (default 1) measures the in-process rows, then
+naiad over each protocol, and each ratio is taken within its round. The table shows medians over
+the rounds, with each round's ratio in brackets. Results, every round's figures included, go to
 ``.bench/results/ensemble-<date>.json``.
 """
 
@@ -32,7 +36,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import RESULTS_DIR, ROOT, BenchError, Server, free_ports, http_get, start_server, tree_cpu_seconds
+from harness import (
+    RESULTS_DIR,
+    ROOT,
+    BenchError,
+    Server,
+    fmt,
+    free_ports,
+    http_get,
+    median,
+    start_server,
+    tree_cpu_seconds,
+    with_rounds,
+)
 
 REPO = ROOT / "examples" / "models"
 NAIAD_BIN = ROOT / ".venv" / "bin" / "naiad"
@@ -230,21 +246,35 @@ def check_answer(server: Server) -> None:
 # --------------------------------------------------------------------------- report
 
 
-def print_table(baseline: Row, rows: list[Row]) -> None:
-    print(f"\n{MODEL}: one sentence per request; ratio = sentences/s over {baseline.name}"
-          " (p50 ms: per call in process, per request through naiad)")
-    print(f"{'':22}{'sentences/s':>12}{'ratio':>8}{'p50 ms':>9}{'CPU-us/sent':>13}{'count':>8}")
-    for row in [baseline, *rows]:
-        print(f"{row.name:22}{row.per_s:>12,.1f}{row.per_s / baseline.per_s:>8.2f}{row.p50_ms or 0:>9.2f}"
-              f"{row.cpu_us:>13,.0f}{row.count:>8}")
+def summarise(rounds: list[list[Row]]) -> list[dict[str, Any]]:
+    """One entry per row: medians over rounds, and each round's ratio to that round's baseline
+    (rounds[k][0])."""
+    summary = []
+    for i, row in enumerate(rounds[0]):
+        same = [r[i] for r in rounds]
+        summary.append({"name": row.name, **{f: median(getattr(r, f) for r in same)
+                                             for f in ("per_s", "p50_ms", "cpu_us", "count")},
+                        "ratios": [r[i].per_s / r[0].per_s for r in rounds]})
+    return summary
 
 
-def write_json(baseline: Row, rows: list[Row], args: argparse.Namespace) -> Path:
+def print_table(summary: list[dict[str, Any]]) -> None:
+    ratios = summary[0]["ratios"]
+    print(f"\n{MODEL}: one sentence per request, median of {len(ratios)} round(s); ratio = sentences/s over "
+          f"{summary[0]['name']} in the same round, each round's in brackets "
+          "(p50 ms: per call in process, per request through naiad)")
+    print(f"{'':22}{'sentences/s':>12}{'p50 ms':>9}{'CPU-us/sent':>13}{'count':>8}  ratio")
+    for row in summary:
+        print(f"{row['name']:22}{fmt(row['per_s'], ',.1f'):>12}{fmt(row['p50_ms'], '.2f'):>9}"
+              f"{fmt(row['cpu_us']):>13}{fmt(row['count']):>8}  {with_rounds(row['ratios'])}")
+
+
+def write_json(rounds: list[list[Row]], summary: list[dict[str, Any]], args: argparse.Namespace) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"ensemble-{time.strftime('%Y-%m-%dT%H%M%S')}.json"
     path.write_text(json.dumps({
-        "model": MODEL, "steps": STEPS, "sentences": len(SENTENCES), "args": vars(args),
-        "baseline": asdict(baseline), "rows": [asdict(r) | {"ratio": r.per_s / baseline.per_s} for r in rows],
+        "model": MODEL, "steps": STEPS, "sentences": len(SENTENCES), "args": vars(args), "summary": summary,
+        "rounds": [[asdict(r) | {"ratio": r.per_s / rows[0].per_s} for r in rows] for rows in rounds],
     }, indent=2))
     return path
 
@@ -255,27 +285,32 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window per row")
     parser.add_argument("--protocols", nargs="+", choices=["grpc", "http", "openai"],
                         default=["grpc", "http", "openai"], help="openai: POST /v1/embeddings, one sentence each")
+    parser.add_argument("--rounds", type=int, default=1, help="in-process-then-naiad rounds; medians are shown")
     args = parser.parse_args(argv)
     if not (REPO / "minilm_encoder" / "1" / "model.onnx").exists():
         raise SystemExit("examples/models is not prepared: run `make examples` first")
 
-    print(f"in-process baseline ({args.seconds:.0f} s) ...", flush=True)
-    baseline = in_process(args.seconds)
-    print(f"in-process, {args.concurrency} sentences per call ({args.seconds:.0f} s) ...", flush=True)
-    rows = [in_process(args.seconds, per_call=args.concurrency)]
+    rounds: list[list[Row]] = []  # each round: the baseline first, then the other rows
     server = start_naiad()
     try:
         check_answer(server)
-        for protocol in args.protocols:
-            print(f"naiad {protocol} c={args.concurrency} ({args.seconds:.0f} s) ...", flush=True)
-            rows.append(asyncio.run(_drive(protocol, server, args.concurrency, args.seconds)))
+        for round_no in range(1, args.rounds + 1):
+            print(f"round {round_no}/{args.rounds}:\n  in-process baseline ({args.seconds:.0f} s) ...", flush=True)
+            rows = [in_process(args.seconds)]
+            print(f"  in-process, {args.concurrency} sentences per call ({args.seconds:.0f} s) ...", flush=True)
+            rows.append(in_process(args.seconds, per_call=args.concurrency))
+            for protocol in args.protocols:
+                print(f"  naiad {protocol} c={args.concurrency} ({args.seconds:.0f} s) ...", flush=True)
+                rows.append(asyncio.run(_drive(protocol, server, args.concurrency, args.seconds)))
+            rounds.append(rows)
         batch = encoder_batch(server)
     finally:
         server.stop()
-    print_table(baseline, rows)
+    summary = summarise(rounds)
+    print_table(summary)
     print(f"minilm_encoder's average batch inside naiad (dynamic batching of equal padded widths): "
           f"{batch or 0:.1f}")
-    print(f"\nresults: {write_json(baseline, rows, args)}")
+    print(f"\nresults: {write_json(rounds, summary, args)}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Each CPU backend on the same MLP: naiad's throughput at concurrency 32 as a ratio to the
 backend's own framework called in this process (issue 9).
 
-    .venv/bin/python bench/framework_backends.py [--seconds 5] [--size 1024 4096 1024] [--backends ...]
+    .venv/bin/python bench/framework_backends.py [--seconds 5] [--size 1024 4096 1024] [--backends ...] [--rounds 3]
 
 The model is the conformance suite's MLP (tests/backends/conformance/mlp.py), resized to FP32
 [batch, 1024] → 4096 → 1024 by default so that the framework's compute weighs against the
@@ -12,6 +12,10 @@ the C library; the framework's defaults for TensorFlow and OpenVINO), at batch 1
 (the most the batcher can form); the ratio is naiad's inferences/s over the better of the two,
 in rows/s. A backend whose framework is not installed, or whose case has no in-process runner,
 is listed as not measured.
+
+Each backend's server starts once; each of ``--rounds`` rounds (default 1) measures the ceiling,
+then naiad, and takes the ratio within the round. The table shows medians over the rounds, with
+each round's ratio in brackets; every round's figures go to the JSON results.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import shutil
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 from harness import (
@@ -32,8 +37,10 @@ from harness import (
     ensure_peers,
     fmt,
     free_ports,
+    median,
     run_perf_analyzer,
     start_server,
+    with_rounds,
 )
 
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
@@ -42,6 +49,7 @@ from backends.conformance.cases import BackendCase, all_cases, write_repository 
 
 MODEL = "mlp_batched"
 CONCURRENCY = 32
+FIELDS = ("infer_per_s", "p50_us", "cpu_us_per_infer", "ceiling_b1", "ceiling_b8")
 
 
 def ceiling(case: BackendCase, version_dir: object, seconds: float) -> dict[int, float]:
@@ -61,25 +69,31 @@ def ceiling(case: BackendCase, version_dir: object, seconds: float) -> dict[int,
     return rates
 
 
-def measure(case: BackendCase, seconds: float) -> dict[str, object]:
+def measure(case: BackendCase, seconds: float, rounds: int) -> dict[str, Any]:
+    """Ceiling then naiad, ``rounds`` times on one server: medians, and every round's figures."""
     repo = BENCH_DIR / "backends" / case.name
     shutil.rmtree(repo, ignore_errors=True)
     write_repository(case, repo, only=frozenset({MODEL}))
-    rates = ceiling(case, repo / MODEL / "1", seconds)
     http, grpc, metrics = free_ports(3)
     server = start_server(f"naiad-{case.name}", [
         str(ROOT / ".venv/bin/naiad"), "serve", f"--model-repository={repo}", f"--http-port={http}",
         f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1"])
+    per_round = []
     try:
         server.wait_ready(120)
         shape = ["--shape", f"{case.input_name}:{mlp.IN}"]
-        served = run_perf_analyzer(server, MODEL, "http", "http", CONCURRENCY, shape)
+        for round_no in range(1, rounds + 1):
+            print(f"  {case.name} round {round_no}/{rounds} ...", flush=True)
+            rates = ceiling(case, repo / MODEL / "1", seconds)
+            served = run_perf_analyzer(server, MODEL, "http", "http", CONCURRENCY, shape)
+            per_round.append({"infer_per_s": served.infer_per_s, "p50_us": served.p50_us,
+                              "cpu_us_per_infer": served.cpu_us_per_infer, "ceiling_b1": rates[1],
+                              "ceiling_b8": rates[8], "ratio": served.infer_per_s / max(rates.values())})
     finally:
         server.stop()
-    best = max(rates.values())
-    return {"backend": case.name, "infer_per_s": served.infer_per_s, "p50_us": served.p50_us,
-            "cpu_us_per_infer": served.cpu_us_per_infer, "ceiling_b1": rates[1], "ceiling_b8": rates[8],
-            "ratio": served.infer_per_s / best}
+    return {"backend": case.name, **{f: median(r[f] for r in per_round) for f in FIELDS},
+            "ratio": median(r["ratio"] for r in per_round), "ratios": [r["ratio"] for r in per_round],
+            "rounds": per_round}
 
 
 def main(argv: list[str]) -> int:
@@ -87,6 +101,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="per in-process ceiling")
     parser.add_argument("--backends", nargs="*", help="case names (default: all)")
     parser.add_argument("--size", type=int, nargs=3, default=[1024, 4096, 1024], metavar=("IN", "HIDDEN", "OUT"))
+    parser.add_argument("--rounds", type=int, default=1, help="ceiling-then-naiad rounds; medians are shown")
     args = parser.parse_args(argv)
     mlp.resize(*args.size)
     ensure_peers()
@@ -97,23 +112,23 @@ def main(argv: list[str]) -> int:
         if not case.available() or case.in_process is None:
             missing[case.name] = "framework not installed" if not case.available() else "no in-process runner"
             continue
-        print(f"  {case.name} ...", flush=True)
         try:
-            rows.append(measure(case, args.seconds))
+            rows.append(measure(case, args.seconds, args.rounds))
         except BenchError as error:
             missing[case.name] = str(error).splitlines()[0]
     print(f"\nMLP {mlp.IN}->{mlp.HIDDEN}->{mlp.OUT}, naiad over HTTP at c={CONCURRENCY} (perf_analyzer) vs the "
-          "framework in-process (ratio over the better of batch 1 and 8)")
-    print(f"{'backend':<22}{'infer/s':>10}{'p50 ms':>9}{'CPU-us/inf':>12}{'ceil b1':>11}{'ceil b8':>11}{'ratio':>8}")
+          f"framework in-process, median of {args.rounds} round(s) (ratio over the better of batch 1 and 8 "
+          "in the same round, each round's in brackets)")
+    print(f"{'backend':<22}{'infer/s':>10}{'p50 ms':>9}{'CPU-us/inf':>12}{'ceil b1':>11}{'ceil b8':>11}  ratio")
     for row in rows:
         print(f"{row['backend']:<22}{fmt(row['infer_per_s']):>10}{fmt(row['p50_us'] / 1000, '.2f'):>9}"
               f"{fmt(row['cpu_us_per_infer']):>12}{fmt(row['ceiling_b1']):>11}{fmt(row['ceiling_b8']):>11}"
-              f"{fmt(row['ratio'], '.2f'):>8}")
+              f"  {with_rounds(row['ratios'])}")
     for name, why in missing.items():
         print(f"{name:<22}not measured: {why}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out = RESULTS_DIR / f"backends-{datetime.now(UTC).strftime('%Y-%m-%dT%H%M%S')}.json"
-    out.write_text(json.dumps({"rows": rows, "not_measured": missing}, indent=2))
+    out.write_text(json.dumps({"rounds": args.rounds, "rows": rows, "not_measured": missing}, indent=2))
     print(f"\nresults: {out}")
     return 0 if rows and not missing else 1
 

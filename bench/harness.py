@@ -13,10 +13,12 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -289,3 +291,16 @@ def run_perf_analyzer(
 def fmt(value: float | None, spec: str = ",.0f") -> str:
     """A number for a results table; "-" when there is none."""
     return "-" if value is None else format(value, spec)
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    """Median of the values present (one per round); None when no round gave one."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def with_rounds(values: list[float | None], spec: str = ".2f") -> str:
+    """A ratio's median over rounds, then each round's own value in brackets when there are
+    several: ``0.93 (0.91 / 0.93 / 0.97)``."""
+    head = fmt(median(values), spec)
+    return head if len(values) < 2 else f"{head} ({' / '.join(fmt(v, spec) for v in values)})"

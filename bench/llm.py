@@ -29,7 +29,11 @@ Also measured:
   median of a few pairs; the ratio miss/hit (issue 6 targets >= 5x for naiad).
 
     .venv/bin/python bench/llm.py [--model llama123m|smollm2-gguf] [--servers naiad vllm llama]
-                                  [--streams 1 16 64] [--no-ceiling]
+                                  [--streams 1 16 64] [--no-ceiling] [--rounds 3]
+
+``--rounds N``: N rounds of (engine ceiling, each server in turn); every figure is the median over
+the rounds, and the tok/s ratio is the median of the rounds' own ratios, each shown beside it. The
+prefix-cache pairs run in the first round only (a latency figure).
 
 ``--model smollm2-gguf``: the bundled SmolLM2-135M-Instruct's own Q4_1 GGUF file, served by naiad
 with ``quantization: "gguf"`` (its blocks kept, dtype auto) and by llama-server from the same
@@ -68,8 +72,10 @@ from harness import (
     fmt,
     free_ports,
     http_get,
+    median,
     tail,
     tree_cpu_seconds,
+    with_rounds,
 )
 from llm_model import MODEL_DIR, is_built
 
@@ -491,10 +497,22 @@ def ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 
 
+def round_ratios(rounds: list[dict[str, Any]], peer: str, streams: int) -> list[float | None]:
+    """Each round's naiad ÷ peer tok/s at `streams` (None where a round lacks either)."""
+    def tokens_per_s(one: dict[str, Any], server: str) -> float | None:
+        points = one["servers"].get(server, {}).get("points", [])
+        return next((p["tokens_per_s"] for p in points if p["streams"] == streams), None)
+
+    pairs = [(tokens_per_s(r, "naiad"), tokens_per_s(r, peer)) for r in rounds]
+    return [a / b if a is not None and b else None for a, b in pairs]
+
+
 def print_table(doc: dict[str, Any]) -> None:
     points = {(p["server"], p["streams"]): p for s in doc["servers"].values() for p in s.get("points", [])}
     ceiling = {row["streams"]: row["tokens_per_s"] for row in doc.get("engine_ceiling") or []}
-    print("\n## LLM serving, 128 prompt + 128 new tokens, /v1/completions stream, temperature 0")
+    rounds = len(doc.get("rounds", [])) or 1
+    print(f"\n## LLM serving, 128 prompt + 128 new tokens, /v1/completions stream, temperature 0; "
+          f"median of {rounds} round(s)")
     print("| server | c | tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | CPU-ms/token | ok |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for (server, streams), p in sorted(points.items(), key=lambda kv: (kv[0][1], SERVERS.index(kv[0][0]))):
@@ -513,7 +531,10 @@ def print_table(doc: dict[str, Any]) -> None:
             p = points.get((peer, streams))
             if p is None:
                 continue
-            print(f"| {streams} | {LABELS[peer]} | {ratio(n['tokens_per_s'], p['tokens_per_s'])} | "
+            rounds = doc.get("rounds", [])  # several: the median of the rounds' own ratios, then each
+            tokens = (with_rounds(round_ratios(rounds, peer, streams)) if len(rounds) > 1
+                      else ratio(n["tokens_per_s"], p["tokens_per_s"]))
+            print(f"| {streams} | {LABELS[peer]} | {tokens} | "
                   f"{ratio(n['ttft_p50_ms'], p['ttft_p50_ms'])} | {ratio(n['ttft_p99_ms'], p['ttft_p99_ms'])} | "
                   f"{ratio(n['itl_p50_ms'], p['itl_p50_ms'])} | {ratio(n['itl_p99_ms'], p['itl_p99_ms'])} | "
                   f"{ratio(n['cpu_ms_per_token'], p['cpu_ms_per_token'])} | {fmt(ceiling.get(streams), ',.1f')} | "
@@ -529,6 +550,12 @@ def print_table(doc: dict[str, Any]) -> None:
               f"a step at {statistics.mean(one['read_gb_s']):.1f} GB/s, read in this run)")
         print(f"naiad engine ÷ ceiling {ratio(one['tokens_per_s'], bound)}; naiad served ÷ ceiling "
               f"{ratio(served['tokens_per_s'] if served else None, bound)}")
+        by_round = [next((row for row in r.get("engine_ceiling") or [] if "bandwidth_ceiling_tokens_per_s" in row),
+                         None) for r in doc.get("rounds", [])]
+        if len(by_round) > 1:  # the read rate is the process's memory state: say it round by round
+            print("each round: " + "; ".join(
+                f"engine ÷ ceiling {ratio(row['tokens_per_s'], row['bandwidth_ceiling_tokens_per_s'])} at "
+                f"{statistics.mean(row['read_gb_s']):.1f} GB/s" for row in by_round if row is not None))
     prefix = {s: v["prefix"] for s, v in doc["servers"].items() if v.get("prefix")}
     if prefix:
         print(f"\n### Prefix cache: TTFT with a shared {PREFIX_TOKENS}-token prefix (hit) vs a fresh prompt (miss)")
@@ -542,6 +569,85 @@ def print_table(doc: dict[str, Any]) -> None:
                       f"{v['ratio_miss_over_hit']:.1f}x |")
     for server, why in doc["unavailable"].items():
         print(f"unavailable: {LABELS[server]}: {why}")
+
+
+# --------------------------------------------------------------------------------------- rounds
+
+
+def run_round(args: argparse.Namespace, prompts: Prompts, load: dict[int, list[str]], warmup: list[str],
+              prefix_pairs: list[tuple[str, str, str]], unavailable: dict[str, str]) -> dict[str, Any]:
+    """The engine ceiling, then each server in turn (a server found unavailable is skipped from then on)."""
+    one: dict[str, Any] = {"servers": {}, "engine_ceiling": None, "loadavg_start": os.getloadavg()}
+    if not args.no_ceiling:
+        print(f"naiad engine ceiling (in-process LLMEngine, {CHOSEN.name}, no server)", flush=True)
+        try:
+            one["engine_ceiling"] = engine_ceiling(args.streams, prompts, args.ceiling_steps)
+        except Exception as err:  # the served benchmark still runs; say why the ceiling is missing
+            print(f"  engine ceiling failed: {type(err).__name__}: {err}", flush=True)
+            one["engine_ceiling_error"] = f"{type(err).__name__}: {err}"
+    for name in args.servers:
+        why = unavailable.get(name) or unavailable_reason(name)
+        if why:
+            print(f"{LABELS[name]}: unavailable: {why}", flush=True)
+            unavailable[name] = why
+            continue
+        print(f"{LABELS[name]}: starting", flush=True)
+        server = None
+        try:
+            t = time.monotonic()
+            server, base = start(name, args.start_timeout)
+            print(f"  ready after {time.monotonic() - t:.0f} s", flush=True)
+            one["servers"][name] = measure_server(name, base, server, load, warmup, prefix_pairs)
+            if prefix_pairs and name in PREFIX_RESTART:
+                server.stop(30)
+                server, base = start(name, args.start_timeout, prefix_mode=True)
+                one["servers"][name]["prefix"] = measure_prefix(name, base, prefix_pairs)
+                one["servers"][name]["prefix_server"] = "restarted with -np 1 -c 2048"
+        except BenchError as err:
+            print(f"{LABELS[name]}: unavailable: {err}", flush=True)
+            unavailable[name] = str(err).splitlines()[0]
+        finally:
+            if server is not None:
+                server.stop(30)
+    return one
+
+
+def median_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    return median(row.get(key) for row in rows)
+
+
+def merge_rounds(rounds: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """Each server's points and the engine ceiling as medians over the rounds, field by field (each
+    round's own figures stay in ``doc["rounds"]``)."""
+    servers: dict[str, Any] = {}
+    for name in SERVERS:
+        measured = [r["servers"][name] for r in rounds if name in r["servers"]]
+        if not measured:
+            continue
+        points = []
+        for streams in sorted({p["streams"] for m in measured for p in m["points"]}):
+            rows = [p for m in measured for p in m["points"] if p["streams"] == streams]
+            merged = {"server": name, "streams": streams, "rounds": len(rows),
+                      "requests": sum(p["requests"] for p in rows), "ok": sum(p["ok"] for p in rows)}
+            for key in ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "cpu_ms_per_token"):
+                merged[key] = median_of(rows, key)
+            points.append(merged)
+        servers[name] = {"points": points, "prefix": next((m["prefix"] for m in measured if m.get("prefix")), None)}
+    ceilings = [r["engine_ceiling"] for r in rounds if r.get("engine_ceiling")]
+    if not ceilings:
+        return servers, None
+    engine = []
+    for streams in sorted({row["streams"] for c in ceilings for row in c}):
+        rows = [row for c in ceilings for row in c if row["streams"] == streams]
+        merged = {"streams": streams, "rounds": len(rows), "tokens_per_s": median_of(rows, "tokens_per_s"),
+                  "median_step_ms": median_of(rows, "median_step_ms")}
+        bounded = [row for row in rows if "bandwidth_ceiling_tokens_per_s" in row]
+        if bounded:
+            merged |= {"read_bytes": bounded[0]["read_bytes"],
+                       "read_gb_s": [rate for row in bounded for rate in row["read_gb_s"]],
+                       "bandwidth_ceiling_tokens_per_s": median_of(bounded, "bandwidth_ceiling_tokens_per_s")}
+        engine.append(merged)
+    return servers, engine
 
 
 # --------------------------------------------------------------------------------------- main
@@ -570,6 +676,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ceiling-steps", type=int, default=20, help="timed decode steps per ceiling point")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for a server to be ready")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of (engine ceiling, every server): medians, and each round's tok/s ratio")
     return parser.parse_args(argv)
 
 
@@ -598,37 +706,14 @@ def main(argv: list[str]) -> int:
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
         "servers": {}, "unavailable": {}, "engine_ceiling": None, "naiad_source": naiad_source(),
     }
-    if not args.no_ceiling:
-        print(f"naiad engine ceiling (in-process LLMEngine, {CHOSEN.name}, no server)", flush=True)
-        try:
-            doc["engine_ceiling"] = engine_ceiling(args.streams, prompts, args.ceiling_steps)
-        except Exception as err:  # the served benchmark still runs; say why the ceiling is missing
-            print(f"  engine ceiling failed: {type(err).__name__}: {err}", flush=True)
-            doc["engine_ceiling_error"] = f"{type(err).__name__}: {err}"
-    for name in args.servers:
-        why = unavailable_reason(name)
-        if why:
-            print(f"{LABELS[name]}: unavailable: {why}", flush=True)
-            doc["unavailable"][name] = why
-            continue
-        print(f"{LABELS[name]}: starting", flush=True)
-        server = None
-        try:
-            t = time.monotonic()
-            server, base = start(name, args.start_timeout)
-            print(f"  ready after {time.monotonic() - t:.0f} s", flush=True)
-            doc["servers"][name] = measure_server(name, base, server, load, warmup, prefix_pairs)
-            if prefix_pairs and name in PREFIX_RESTART:
-                server.stop(30)
-                server, base = start(name, args.start_timeout, prefix_mode=True)
-                doc["servers"][name]["prefix"] = measure_prefix(name, base, prefix_pairs)
-                doc["servers"][name]["prefix_server"] = "restarted with -np 1 -c 2048"
-        except BenchError as err:
-            print(f"{LABELS[name]}: unavailable: {err}", flush=True)
-            doc["unavailable"][name] = str(err).splitlines()[0]
-        finally:
-            if server is not None:
-                server.stop(30)
+    rounds: list[dict[str, Any]] = []
+    for round_no in range(1, args.rounds + 1):
+        print(f"round {round_no}/{args.rounds} (load {os.getloadavg()[0]:.2f})", flush=True)
+        # The prefix-cache pairs are a latency figure, not a throughput: the first round only.
+        rounds.append(run_round(args, prompts, load, warmup, prefix_pairs if round_no == 1 else [],
+                                doc["unavailable"]))
+    doc["rounds"] = rounds
+    doc["servers"], doc["engine_ceiling"] = merge_rounds(rounds)
     doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     doc["host"]["loadavg_end"] = os.getloadavg()
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,13 @@ CPU 0 and each tool on the others (`taskset`), as a load generator on its own ma
 then drive the same server, and the ratio says whether naiad bench measures what perf_analyzer
 measures. `--no-pin` shares all CPUs as before.
 
+The server starts once; `--rounds N` (default 1) repeats all of the above N times on it. The
+table shows medians over the rounds, each ratio taken within its round and each round's ratio in
+brackets; the marginal costs are medians of each round's.
+
 Run by `make bench`; `--quick` (0.5 s windows) only checks that everything works. Quote figures
-only from a quiet machine. Results go to .bench/results/loadgen-<date>.json.
+only from a quiet machine. Results, every round's runs included, go to
+.bench/results/loadgen-<date>.json.
 """
 
 from __future__ import annotations
@@ -44,16 +49,20 @@ from harness import (
     RESULTS_DIR,
     ROOT,
     BenchError,
+    Server,
     ensure_peers,
     env_with_libs,
     fmt,
     free_ports,
+    median,
     model_inference_count,
     start_server,
+    with_rounds,
 )
 
 MODEL = "identity"
 NAIAD = ROOT / ".venv/bin/naiad"
+FIELDS = (("infer_per_s", ",.0f"), ("p50_us", ",.0f"), ("cpu_us_per_request", ".1f"))  # table: field, format
 
 
 @dataclass
@@ -70,6 +79,7 @@ class Run:
     cpu_s: float  # the tool's user+system CPU for the whole run
     requests: int  # counted by the server over the whole run
     wall_s: float
+    round: int = 1
 
     @property
     def cpu_us_per_request(self) -> float:
@@ -121,6 +131,31 @@ def marginal(short: Run, long: Run) -> float | None:
     return (long.cpu_s - short.cpu_s) * 1e6 / extra if extra > 0 else None
 
 
+def one_round(server: Server, args: argparse.Namespace, interval: int, tool_cpus: list[str],
+              round_no: int) -> tuple[list[Run], dict[str, dict[str, float | None]]]:
+    """Both tools at each protocol and concurrency, then the long runs: the round's runs and marginals."""
+    runs: list[Run] = []
+    marginals: dict[str, dict[str, float | None]] = {}
+    for protocol in args.protocols:
+        url = server.url_for(protocol)
+        if protocol == "grpc":
+            server.check_grpc()
+        for index, c in enumerate(args.concurrency):
+            tools = ["perf_analyzer", "naiad bench"]
+            for tool in tools if index % 2 == 0 else reversed(tools):
+                runs.append(run_tool(tool, url, server.url, protocol, c, interval, args.shape, tool_cpus))
+        last = args.concurrency[-1]
+        marginals[protocol] = {}
+        for tool in ("perf_analyzer", "naiad bench"):
+            long = run_tool(tool, url, server.url, protocol, last, 2 * interval, args.shape, tool_cpus)
+            short = next(r for r in runs if r.tool == tool and r.protocol == protocol and r.concurrency == last)
+            runs.append(long)
+            marginals[protocol][tool] = marginal(short, long)
+    for run in runs:
+        run.round = round_no
+    return runs, marginals
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--protocols", nargs="+", choices=["http", "grpc"], default=["http", "grpc"])
@@ -130,6 +165,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="0.5 s windows: checks the script, quotes nothing")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="server on CPU 0, the tools on the others (default on)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds on the same server; medians are shown")
     args = parser.parse_args(argv)
     server_cpus, tool_cpus = cpu_split(args.pin)
     interval = 500 if args.quick else args.interval_ms
@@ -142,65 +178,61 @@ def main(argv: list[str]) -> int:
         "--metrics-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
         f"--metrics-port={metrics_port}"])
     runs: list[Run] = []
-    marginals: dict[str, dict[str, float | None]] = {}
+    marginals: list[dict[str, dict[str, float | None]]] = []  # one per round
+    failed = False
     try:
         server.wait_ready(timeout_s=120)
-        for protocol in args.protocols:
-            url = server.url_for(protocol)
-            if protocol == "grpc":
-                server.check_grpc()
-            for index, c in enumerate(args.concurrency):
-                tools = ["perf_analyzer", "naiad bench"]
-                for tool in tools if index % 2 == 0 else reversed(tools):
-                    runs.append(run_tool(tool, url, server.url, protocol, c, interval, args.shape, tool_cpus))
-            last = args.concurrency[-1]
-            marginals[protocol] = {}
-            for tool in ("perf_analyzer", "naiad bench"):
-                long = run_tool(tool, url, server.url, protocol, last, 2 * interval, args.shape, tool_cpus)
-                short = next(r for r in runs if r.tool == tool and r.protocol == protocol and r.concurrency == last)
-                runs.append(long)
-                marginals[protocol][tool] = marginal(short, long)
+        for round_no in range(1, args.rounds + 1):
+            print(f"round {round_no}/{args.rounds} ...", flush=True)
+            round_runs, round_marginals = one_round(server, args, interval, tool_cpus, round_no)
+            runs += round_runs
+            marginals.append(round_marginals)
     except BenchError as error:
         print(f"loadgen: {error}", file=sys.stderr)
-        return 1
+        failed = True  # print the rounds that completed
     finally:
         server.stop()
+    if not marginals:
+        return 1
     print_table(runs, marginals, args, interval, server_cpus, tool_cpus)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"loadgen-{time.strftime('%Y-%m-%dT%H%M%S')}.json"
     path.write_text(json.dumps({"benchmark": "loadgen", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                                 "loadavg": os.getloadavg(), "cpus": os.cpu_count(), "quick": args.quick,
-                                "interval_ms": interval,
+                                "interval_ms": interval, "rounds": len(marginals),
                                 "server_cpus": server_cpus[2:], "tool_cpus": tool_cpus[2:],
                                 "runs": [asdict(r) for r in runs],
                                 "marginal_cpu_us_per_request": marginals}, indent=2) + "\n")
     print(f"\nresults: {path}")
-    return 0
+    return 1 if failed else 0
 
 
-def print_table(runs: list[Run], marginals: dict[str, dict[str, float | None]], args: argparse.Namespace,
+def print_table(runs: list[Run], marginals: list[dict[str, dict[str, float | None]]], args: argparse.Namespace,
                 interval: int, server_cpus: list[str], tool_cpus: list[str]) -> None:
     pinned = f"server on CPU {server_cpus[-1]}, tools on {tool_cpus[-1]}" if server_cpus else "CPUs shared"
-    print(f"\nidentity on naiad ({interval} ms windows, {pinned}); infer/s as each tool reports it; "
+    print(f"\nidentity on naiad ({interval} ms windows, {pinned}), median of {len(marginals)} round(s); infer/s as "
+          "each tool reports it; ratio = naiad bench / perf_analyzer within each round (each round's in brackets); "
           "CPU-us = the client's own CPU per request over its whole run")
-    head = ["protocol", "c", "PA inf/s", "bench inf/s", "ratio", "PA p50", "bench p50", "PA CPU-us", "bench CPU-us"]
-    print("  ".join(f"{h:>12}" for h in head))
+    head = ["protocol", "c", "PA inf/s", "bench inf/s", "PA p50", "bench p50", "PA CPU-us", "bench CPU-us"]
+    print("  ".join(f"{h:>12}" for h in head) + "  ratio")
     for protocol in args.protocols:
         for c in args.concurrency:
-            pa = next((r for r in runs if (r.tool, r.protocol, r.concurrency, r.interval_ms)
-                       == ("perf_analyzer", protocol, c, interval)), None)
-            nb = next((r for r in runs if (r.tool, r.protocol, r.concurrency, r.interval_ms)
-                       == ("naiad bench", protocol, c, interval)), None)
-            if pa is None or nb is None:
+            pairs = []  # (perf_analyzer, naiad bench) of each round that ran both
+            for round_no in range(1, len(marginals) + 1):
+                same = {r.tool: r for r in runs if (r.protocol, r.concurrency, r.interval_ms, r.round)
+                        == (protocol, c, interval, round_no)}
+                if "perf_analyzer" in same and "naiad bench" in same:
+                    pairs.append((same["perf_analyzer"], same["naiad bench"]))
+            if not pairs:
                 continue
-            ratio = nb.infer_per_s / pa.infer_per_s if pa.infer_per_s else None
-            cells = [protocol, str(c), fmt(pa.infer_per_s), fmt(nb.infer_per_s), fmt(ratio, ".2f"),
-                     fmt(pa.p50_us), fmt(nb.p50_us), fmt(pa.cpu_us_per_request, ".1f"),
-                     fmt(nb.cpu_us_per_request, ".1f")]
-            print("  ".join(f"{cell:>12}" for cell in cells))
+            ratios = [nb.infer_per_s / pa.infer_per_s if pa.infer_per_s else None for pa, nb in pairs]
+            sides = ([pa for pa, _ in pairs], [nb for _, nb in pairs])
+            cells = [protocol, str(c)] + [fmt(median(getattr(r, field) for r in side), spec)
+                                          for field, spec in FIELDS for side in sides]
+            print("  ".join(f"{cell:>12}" for cell in cells) + f"  {with_rounds(ratios)}")
     last = args.concurrency[-1]
-    for protocol, by_tool in marginals.items():
-        pa, nb = by_tool.get("perf_analyzer"), by_tool.get("naiad bench")
+    for protocol in dict.fromkeys(p for m in marginals for p in m):
+        pa, nb = (median(m.get(protocol, {}).get(tool) for m in marginals) for tool in ("perf_analyzer", "naiad bench"))
         verdict = "met" if pa is not None and nb is not None and nb <= pa else "NOT met"
         print(f"{protocol} c={last}: marginal client CPU-us per request: perf_analyzer {fmt(pa, '.1f')}, "
               f"naiad bench {fmt(nb, '.1f')} (target naiad bench <= perf_analyzer: {verdict})")

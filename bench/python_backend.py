@@ -45,7 +45,6 @@ import hashlib
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -74,6 +73,7 @@ from harness import (
     fmt,
     free_ports,
     http_get,
+    median,
     run_perf_analyzer,
     start_server,
     tail,
@@ -291,11 +291,6 @@ def measure_server(server: Server, models: list[str], wires: list[str], concurre
 
 # ---------------------------------------------------------------------------------------------
 # reporting
-
-
-def median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
 
 
 @dataclass
