@@ -8,7 +8,7 @@ import torch
 
 from naiad.llm import kernels
 
-needs_bf16 = pytest.mark.skipif(not kernels.has_bf16_linear(), reason="this CPU or build lacks AVX512-BF16")
+needs_bf16 = pytest.mark.skipif(not kernels.has_bf16_linear(), reason="this CPU or build lacks AVX-512")
 
 
 def _case(rows: int, out_features: int, in_features: int, bias: bool, seed: int = 0):
@@ -113,6 +113,25 @@ def test_a_row_comes_out_the_same_alone_or_among_others(out_features: int) -> No
     together = kernels.bf16_linear(x, panels, b, out_features)
     for row in range(7):
         assert torch.equal(kernels.bf16_linear(x[row:row + 1], panels, b, out_features)[0], together[row])
+
+
+@needs_bf16
+def test_one_pair_of_inputs_is_one_rounding_and_a_nan_stays_a_nan() -> None:
+    """With two inputs the float32 sum is exact but for one rounding (each product of two bf16 is
+    exact in float32), so every output must be torch's float32 result rounded to bf16, bit for bit:
+    the pair's two products summed (AVX512-BF16's instruction, or the two FMAs that stand in for it
+    without that extension) and the result rounded to nearest even. A NaN input gives a NaN."""
+    generator = torch.Generator().manual_seed(3)
+    x = (torch.randn(9, 2, generator=generator) * 100).bfloat16()
+    weight = torch.randn(40, 2, generator=generator).bfloat16()
+    x[4, 1] = float("nan")
+    weight[0] = 1.0
+    x[0], x[1] = torch.tensor([1.0, 2**-8]), torch.tensor([1 + 2**-7, 2**-8])  # ties: to even, down then up
+    got = kernels.bf16_linear(x, kernels.bf16_panels(weight), None, 40)
+    want = torch.nn.functional.linear(x.float(), weight.float()).bfloat16()
+    assert got[0, 0] == 1.0 and got[1, 0] == 1 + 2**-6
+    assert got[4].isnan().all()
+    assert torch.equal(torch.cat([got[:4], got[5:]]), torch.cat([want[:4], want[5:]]))
 
 
 @needs_bf16

@@ -1,4 +1,4 @@
-"""Prepacked bf16 linears (naiad's panels where the CPU has AVX512-BF16, else oneDNN's): the
+"""Prepacked bf16 linears (naiad's panels where the CPU has AVX-512, else oneDNN's): the
 results of nn.Linear in bf16, and only where they apply (the packing tests need a CPU whose bf16
 oneDNN packs: AVX512-BW/VL/DQ or AVX-NE-CONVERT)."""
 
@@ -36,7 +36,7 @@ def test_packed_linear_equals_nn_linear_in_bf16(bias: bool, rows: int) -> None:
         assert torch.equal(packed(x.view(1, rows, 96)), expected.view(1, rows, 200))  # leading dims kept
 
 
-@pytest.mark.skipif(not kernels.has_bf16_linear(), reason="this CPU or build lacks AVX512-BF16")
+@pytest.mark.skipif(not kernels.has_bf16_linear(), reason="this CPU or build lacks AVX-512")
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 7, 64])
 def test_panel_linear_gives_nn_linears_bf16_results(bias: bool, rows: int) -> None:
@@ -56,7 +56,7 @@ def test_panel_linear_gives_nn_linears_bf16_results(bias: bool, rows: int) -> No
 def test_prepack_swaps_every_linear(panels: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """For naiad's panels where bf16_linear runs, else (or turned off) for oneDNN's packing."""
     if panels and not kernels.has_bf16_linear():
-        pytest.skip("this CPU or build lacks AVX512-BF16")
+        pytest.skip("this CPU or build lacks AVX-512")
     if not panels:
         monkeypatch.setenv("NAIAD_LLM_BF16_KERNEL", "0")
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4, bias=False))).to(torch.bfloat16)

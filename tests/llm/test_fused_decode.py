@@ -35,7 +35,7 @@ def model(request: pytest.FixtureRequest, tiny_models: dict[str, Path],
         return _model(tiny_models["llama"], "int8")
     if request.param == "bf16":  # bf16 panels (kernels/bf16_linear.c) where the CPU runs them
         if not kernels.has_bf16_linear():
-            pytest.skip("this CPU or build lacks AVX512-BF16: bf16 models keep oneDNN's linears, layer by layer")
+            pytest.skip("this CPU or build lacks AVX-512: bf16 models keep oneDNN's linears, layer by layer")
         return _model(tiny_models["llama"], "none", "bf16")
     kind = gguf.GGMLQuantizationType[request.param.removeprefix("gguf-")]
     return _model(write_gguf(tiny_models["llama"], tmp_path_factory.mktemp("gguf") / "tiny.gguf", kind), "gguf")

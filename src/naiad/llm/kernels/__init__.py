@@ -2,9 +2,10 @@
 decode attention over the paged cache (`paged_attention.c`), the decoder layer's fused
 element-wise ops (`fused_ops.c`: RMSNorm with the residual add, rotary embedding, SiLU-gating),
 8-bit linear layers with 15-bit activations, on AVX512-VNNI where the CPU has it and in
-portable C elsewhere (`q8_linear.c`), bf16 linear layers on AVX512-BF16 (`bf16_linear.c`), and
-a decode step's decoder layers strung together from those in one call (`decoder.c`, called
-through `decoder.py`). Their jobs run on torch's OpenMP threads (`thread_pool.c`).
+portable C elsewhere (`q8_linear.c`), bf16 linear layers on AVX-512, with or without its BF16
+extension (`bf16_linear.c`), and a decode step's decoder layers strung together from those in
+one call (`decoder.c`, called through `decoder.py`). Their jobs run on torch's OpenMP threads
+(`thread_pool.c`).
 
 Why not a torch C++ extension: one including torch's headers takes about a minute to compile
 on two cores, while this C file builds in under a second and needs nothing but gcc (which CI
@@ -293,7 +294,7 @@ BF16_GROUP = 4
 
 
 def has_bf16_linear() -> bool:
-    """Whether `bf16_linear` runs here (the CPU has AVX512-BF16 and the build used it), unless
+    """Whether `bf16_linear` runs here (the CPU has AVX-512 F/BW/VL and the build used it), unless
     `NAIAD_LLM_BF16_KERNEL=0` turns it off (bf16 models then keep oneDNN's linears, to compare)."""
     return os.environ.get("NAIAD_LLM_BF16_KERNEL", "1") != "0" and _library_says("bf16_linear_supported")
 
@@ -336,6 +337,6 @@ def bf16_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None
     status = _lib().bf16_linear(x.data_ptr(), panels.data_ptr(), None if bias is None else bias.data_ptr(),
                                 out.data_ptr(), rows, in_features, out_features, torch.get_num_threads())
     if status == -3:
-        raise RuntimeError("bf16_linear needs AVX512-BF16 (check has_bf16_linear() first)")
+        raise RuntimeError("bf16_linear needs AVX-512 (check has_bf16_linear() first)")
     _check(status, "bf16_linear")
     return out

@@ -34,17 +34,24 @@
  * output is computed by one thread in a fixed order, whichever thread that is: neither the thread
  * count nor the sharing changes a bit.
  *
- * Needs AVX512-BF16, checked at run time (bf16_linear_supported); without it the Python side keeps
- * oneDNN's linear.
+ * Needs AVX-512 (F, BW, VL), checked at run time (bf16_linear_supported): with its BF16 extension
+ * each pair is one `vdpbf16ps`, without it two FMAs on the pair split into float32 (dot_pairs
+ * below; a machine without AVX-512 keeps oneDNN's linear). On an Ice Lake Xeon without AVX512-BF16
+ * oneDNN's path made a 123M Llama's decode step ~30 ms at one stream (docs/benchmarks.md).
  */
 #include "common.h"
 #include "thread_pool.h"
 
 #include <stdlib.h>
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define HAVE_BF16_BUILD 1
+#if defined(__AVX512BF16__)
+#define NATIVE_BF16 1
+#else
+#define NATIVE_BF16 0
+#endif
 #else
 #define HAVE_BF16_BUILD 0
 #endif
@@ -54,18 +61,54 @@
 #define GROUP 4 /* panels per group */
 #define MAX_THREADS 64
 
-/* 1 when this build has the AVX512-BF16 path and the CPU runs it. */
+/* 1 when this build has an AVX-512 path and the CPU runs it. */
 int bf16_linear_supported(void) {
 #if HAVE_BF16_BUILD && defined(__x86_64__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+    return (!NATIVE_BF16 || __builtin_cpu_supports("avx512bf16")) && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 #else
     return 0;
 #endif
 }
 
 #if HAVE_BF16_BUILD
+#if NATIVE_BF16
+/* acc + x.odd * w.odd + x.even * w.even in each 32-bit lane (a pair of bf16): `vdpbf16ps`. */
+static inline __attribute__((always_inline)) __m512 dot_pairs(__m512 acc, __m512i x, __m512i w) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
+}
+
+/* float32 to bf16, rounded to nearest even: `vcvtneps2bf16`. */
+static inline __attribute__((always_inline)) __m256i to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+#else
+/* The same on AVX-512 without its BF16 extension (Ice Lake, Cascade Lake, Skylake servers): a bf16
+ * is the top half of a float32, so each pair is split by a mask and a shift into two float32
+ * vectors and summed by two FMAs, the odd element first as vdpbf16ps's definition orders them.
+ * The product of two bf16 is exact in float32, so each FMA rounds once, as each step of vdpbf16ps
+ * does; only denormals differ (vdpbf16ps flushes them to zero). A broadcast x is split once for all
+ * the panels it meets, and a weight once for all the rows (the compiler shares both). */
+static inline __attribute__((always_inline)) __m512 dot_pairs(__m512 acc, __m512i x, __m512i w) {
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(x, high)),
+                          _mm512_castsi512_ps(_mm512_and_si512(w, high)), acc);
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), acc);
+}
+
+/* float32 to bf16 as common.h's f32_to_bf16 (nearest, ties to even; a NaN stays a NaN), in
+ * integers: -ffast-math may assume a float compare never meets a NaN. */
+static inline __attribute__((always_inline)) __m256i to_bf16(__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x00400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+#endif
+
 typedef struct {
     const uint16_t *x;    /* [rows, in_pad] */
     const uint16_t *w;    /* groups of four panels, each group [in_pad / 2, its panels, 16, 2] */
@@ -97,8 +140,7 @@ static inline __attribute__((always_inline)) void store(const job_t *job, int64_
         const __m256i b = _mm256_maskz_loadu_epi16(mask, job->bias + n0);
         sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
     }
-    /* vcvtneps2bf16: round to nearest even, as torch rounds */
-    _mm256_mask_storeu_epi16(job->y + r * job->out + n0, mask, (__m256i)_mm512_cvtneps_pbh(sum));
+    _mm256_mask_storeu_epi16(job->y + r * job->out + n0, mask, to_bf16(sum)); /* nearest even, as torch */
 }
 
 /* Rows [r0, r0 + nr) against a whole group, panels p to p + 3 (p a multiple of four), its pairs one
@@ -112,14 +154,14 @@ static inline __attribute__((always_inline)) void four_panels(const job_t *job, 
         for (int j = 0; j < GROUP; j++) a[r][j] = _mm512_setzero_ps();
     }
     for (int64_t k = 0; k < job->pairs; k++, w += GROUP * PANEL * 2) {
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32);
-        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + 64), w3 = (__m512bh)_mm512_loadu_si512(w + 96);
+        const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 32);
+        const __m512i w2 = _mm512_loadu_si512(w + 64), w3 = _mm512_loadu_si512(w + 96);
         for (int r = 0; r < nr; r++) {
-            const __m512bh xv = (__m512bh)_mm512_set1_epi32(x[r][k]);
-            a[r][0] = _mm512_dpbf16_ps(a[r][0], xv, w0);
-            a[r][1] = _mm512_dpbf16_ps(a[r][1], xv, w1);
-            a[r][2] = _mm512_dpbf16_ps(a[r][2], xv, w2);
-            a[r][3] = _mm512_dpbf16_ps(a[r][3], xv, w3);
+            const __m512i xv = _mm512_set1_epi32(x[r][k]);
+            a[r][0] = dot_pairs(a[r][0], xv, w0);
+            a[r][1] = dot_pairs(a[r][1], xv, w1);
+            a[r][2] = dot_pairs(a[r][2], xv, w2);
+            a[r][3] = dot_pairs(a[r][3], xv, w3);
         }
     }
     for (int r = 0; r < nr; r++)
@@ -136,12 +178,12 @@ static inline __attribute__((always_inline)) void two_panels(const job_t *job, i
         a[r] = _mm512_setzero_ps(), b[r] = _mm512_setzero_ps();
     }
     for (int64_t k = 0; k < job->pairs; k++) {
-        const __m512bh wa = (__m512bh)_mm512_loadu_si512(at.w + k * at.k_stride);
-        const __m512bh wb = (__m512bh)_mm512_loadu_si512(at.w + k * at.k_stride + PANEL * 2);
+        const __m512i wa = _mm512_loadu_si512(at.w + k * at.k_stride);
+        const __m512i wb = _mm512_loadu_si512(at.w + k * at.k_stride + PANEL * 2);
         for (int r = 0; r < nr; r++) {
-            const __m512bh xv = (__m512bh)_mm512_set1_epi32(x[r][k]);
-            a[r] = _mm512_dpbf16_ps(a[r], xv, wa);
-            b[r] = _mm512_dpbf16_ps(b[r], xv, wb);
+            const __m512i xv = _mm512_set1_epi32(x[r][k]);
+            a[r] = dot_pairs(a[r], xv, wa);
+            b[r] = dot_pairs(b[r], xv, wb);
         }
     }
     for (int r = 0; r < nr; r++) store(job, p, r0 + r, a[r]), store(job, p + 1, r0 + r, b[r]);
@@ -158,16 +200,16 @@ static inline __attribute__((always_inline)) void one_panel(const job_t *job, in
     }
     int64_t k = 0;
     for (; k + 1 < job->pairs; k += 2) {
-        const __m512bh wa = (__m512bh)_mm512_loadu_si512(at.w + k * at.k_stride);
-        const __m512bh wb = (__m512bh)_mm512_loadu_si512(at.w + (k + 1) * at.k_stride);
+        const __m512i wa = _mm512_loadu_si512(at.w + k * at.k_stride);
+        const __m512i wb = _mm512_loadu_si512(at.w + (k + 1) * at.k_stride);
         for (int r = 0; r < nr; r++) {
-            a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)_mm512_set1_epi32(x[r][k]), wa);
-            b[r] = _mm512_dpbf16_ps(b[r], (__m512bh)_mm512_set1_epi32(x[r][k + 1]), wb);
+            a[r] = dot_pairs(a[r], _mm512_set1_epi32(x[r][k]), wa);
+            b[r] = dot_pairs(b[r], _mm512_set1_epi32(x[r][k + 1]), wb);
         }
     }
     if (k < job->pairs) {
-        const __m512bh wa = (__m512bh)_mm512_loadu_si512(at.w + k * at.k_stride);
-        for (int r = 0; r < nr; r++) a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)_mm512_set1_epi32(x[r][k]), wa);
+        const __m512i wa = _mm512_loadu_si512(at.w + k * at.k_stride);
+        for (int r = 0; r < nr; r++) a[r] = dot_pairs(a[r], _mm512_set1_epi32(x[r][k]), wa);
     }
     for (int r = 0; r < nr; r++) store(job, p, r0 + r, _mm512_add_ps(a[r], b[r]));
 }
@@ -202,7 +244,7 @@ static void *panels(void *arg) {
 #endif
 
 /* y = x w^T + bias (bias NULL: none) for x [rows, in], w in the panel layout above, y [rows, out];
- * returns 0, -1 when out of memory, -3 where this build or CPU lacks AVX512-BF16. */
+ * returns 0, -1 when out of memory, -3 where this build or CPU lacks AVX-512. */
 int bf16_linear(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t rows, int64_t in,
                 int64_t out, int64_t num_threads) {
 #if HAVE_BF16_BUILD
