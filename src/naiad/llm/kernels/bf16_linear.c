@@ -35,7 +35,7 @@
  * count nor the sharing changes a bit.
  *
  * Needs AVX-512 (F, BW, VL), checked at run time (bf16_linear_supported): with its BF16 extension
- * each pair is one `vdpbf16ps`, without it two FMAs on the pair split into float32 (dot_pairs
+ * each pair is one `vdpbf16ps`, without it two FMAs on the pair split into float32 (dot_pair
  * below; a machine without AVX-512 keeps oneDNN's linear). On an Ice Lake Xeon without AVX512-BF16
  * oneDNN's path made a 123M Llama's decode step ~30 ms at one stream (docs/benchmarks.md).
  */
@@ -46,14 +46,14 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
-#define HAVE_BF16_BUILD 1
+#define HAVE_AVX512_BUILD 1
 #if defined(__AVX512BF16__)
 #define NATIVE_BF16 1
 #else
 #define NATIVE_BF16 0
 #endif
 #else
-#define HAVE_BF16_BUILD 0
+#define HAVE_AVX512_BUILD 0
 #endif
 
 #define PANEL 16
@@ -63,7 +63,7 @@
 
 /* 1 when this build has an AVX-512 path and the CPU runs it. */
 int bf16_linear_supported(void) {
-#if HAVE_BF16_BUILD && defined(__x86_64__)
+#if HAVE_AVX512_BUILD && defined(__x86_64__)
     __builtin_cpu_init();
     return (!NATIVE_BF16 || __builtin_cpu_supports("avx512bf16")) && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
@@ -72,28 +72,34 @@ int bf16_linear_supported(void) {
 #endif
 }
 
-#if HAVE_BF16_BUILD
+#if HAVE_AVX512_BUILD
 #if NATIVE_BF16
-/* acc + x.odd * w.odd + x.even * w.even in each 32-bit lane (a pair of bf16): `vdpbf16ps`. */
-static inline __attribute__((always_inline)) __m512 dot_pairs(__m512 acc, __m512i x, __m512i w) {
-    return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
+/* x as the kernel reads it: a pair of bf16 inputs as one 32-bit lane. */
+typedef int32_t x_t;
+#define X_PER_PAIR 1
+
+/* acc + x.odd * w.odd + x.even * w.even in each 32-bit lane, for pair k of row x: `vdpbf16ps`. */
+static inline __attribute__((always_inline)) __m512 dot_pair(__m512 acc, const x_t *x, int64_t k, __m512i w) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(x[k]), (__m512bh)w);
 }
 
 /* float32 to bf16, rounded to nearest even: `vcvtneps2bf16`. */
 static inline __attribute__((always_inline)) __m256i to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 #else
+/* x as the kernel reads it without AVX512-BF16: each input as float32 (converted once per call). */
+typedef float x_t;
+#define X_PER_PAIR 2
+
 /* The same on AVX-512 without its BF16 extension (Ice Lake, Cascade Lake, Skylake servers): a bf16
- * is the top half of a float32, so each pair is split by a mask and a shift into two float32
- * vectors and summed by two FMAs, the odd element first as vdpbf16ps's definition orders them.
- * The product of two bf16 is exact in float32, so each FMA rounds once, as each step of vdpbf16ps
- * does; only denormals differ (vdpbf16ps flushes them to zero). A broadcast x is split once for all
- * the panels it meets, and a weight once for all the rows (the compiler shares both). */
-static inline __attribute__((always_inline)) __m512 dot_pairs(__m512 acc, __m512i x, __m512i w) {
-    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(x, high)),
-                          _mm512_castsi512_ps(_mm512_and_si512(w, high)), acc);
-    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
-                           _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), acc);
+ * is the top half of a float32, so the weights' pair is split by a mask and a shift into two float32
+ * vectors and summed by two FMAs, each with its input broadcast from memory, the odd element first
+ * as vdpbf16ps's definition orders them. The product of two bf16 is exact in float32, so each FMA
+ * rounds once, as each step of vdpbf16ps does; only denormals differ (vdpbf16ps flushes them to
+ * zero). A weight is split once for all the rows (the compiler shares it). */
+static inline __attribute__((always_inline)) __m512 dot_pair(__m512 acc, const x_t *x, int64_t k, __m512i w) {
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u))),
+                          _mm512_set1_ps(x[2 * k + 1]), acc);
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), _mm512_set1_ps(x[2 * k]), acc);
 }
 
 /* float32 to bf16 as common.h's f32_to_bf16 (nearest, ties to even; a NaN stays a NaN), in
@@ -110,7 +116,7 @@ static inline __attribute__((always_inline)) __m256i to_bf16(__m512 v) {
 #endif
 
 typedef struct {
-    const uint16_t *x;    /* [rows, in_pad] */
+    const x_t *x;         /* [rows, pairs * X_PER_PAIR] */
     const uint16_t *w;    /* groups of four panels, each group [in_pad / 2, its panels, 16, 2] */
     const uint16_t *bias; /* [out] or NULL */
     uint16_t *y;          /* [rows, out] */
@@ -147,21 +153,20 @@ static inline __attribute__((always_inline)) void store(const job_t *job, int64_
  * sequential stream; nr is a constant after inlining. */
 static inline __attribute__((always_inline)) void four_panels(const job_t *job, int64_t p, int64_t r0, const int nr) {
     const uint16_t *w = panel_at(job, p).w;
-    const int32_t *x[ROW_TILE]; /* a pair of bf16 inputs read as one 32-bit lane */
+    const x_t *x[ROW_TILE];
     __m512 a[ROW_TILE][GROUP];
     for (int r = 0; r < nr; r++) {
-        x[r] = (const int32_t *)(job->x + (r0 + r) * job->pairs * 2);
+        x[r] = job->x + (r0 + r) * job->pairs * X_PER_PAIR;
         for (int j = 0; j < GROUP; j++) a[r][j] = _mm512_setzero_ps();
     }
     for (int64_t k = 0; k < job->pairs; k++, w += GROUP * PANEL * 2) {
         const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 32);
         const __m512i w2 = _mm512_loadu_si512(w + 64), w3 = _mm512_loadu_si512(w + 96);
         for (int r = 0; r < nr; r++) {
-            const __m512i xv = _mm512_set1_epi32(x[r][k]);
-            a[r][0] = dot_pairs(a[r][0], xv, w0);
-            a[r][1] = dot_pairs(a[r][1], xv, w1);
-            a[r][2] = dot_pairs(a[r][2], xv, w2);
-            a[r][3] = dot_pairs(a[r][3], xv, w3);
+            a[r][0] = dot_pair(a[r][0], x[r], k, w0);
+            a[r][1] = dot_pair(a[r][1], x[r], k, w1);
+            a[r][2] = dot_pair(a[r][2], x[r], k, w2);
+            a[r][3] = dot_pair(a[r][3], x[r], k, w3);
         }
     }
     for (int r = 0; r < nr; r++)
@@ -171,19 +176,18 @@ static inline __attribute__((always_inline)) void four_panels(const job_t *job, 
 /* Rows [r0, r0 + nr) against panels p and p + 1 of the last, smaller group. */
 static inline __attribute__((always_inline)) void two_panels(const job_t *job, int64_t p, int64_t r0, const int nr) {
     const panel_t at = panel_at(job, p);
-    const int32_t *x[ROW_TILE];
+    const x_t *x[ROW_TILE];
     __m512 a[ROW_TILE], b[ROW_TILE];
     for (int r = 0; r < nr; r++) {
-        x[r] = (const int32_t *)(job->x + (r0 + r) * job->pairs * 2);
+        x[r] = job->x + (r0 + r) * job->pairs * X_PER_PAIR;
         a[r] = _mm512_setzero_ps(), b[r] = _mm512_setzero_ps();
     }
     for (int64_t k = 0; k < job->pairs; k++) {
         const __m512i wa = _mm512_loadu_si512(at.w + k * at.k_stride);
         const __m512i wb = _mm512_loadu_si512(at.w + k * at.k_stride + PANEL * 2);
         for (int r = 0; r < nr; r++) {
-            const __m512i xv = _mm512_set1_epi32(x[r][k]);
-            a[r] = dot_pairs(a[r], xv, wa);
-            b[r] = dot_pairs(b[r], xv, wb);
+            a[r] = dot_pair(a[r], x[r], k, wa);
+            b[r] = dot_pair(b[r], x[r], k, wb);
         }
     }
     for (int r = 0; r < nr; r++) store(job, p, r0 + r, a[r]), store(job, p + 1, r0 + r, b[r]);
@@ -192,10 +196,10 @@ static inline __attribute__((always_inline)) void two_panels(const job_t *job, i
 /* Rows [r0, r0 + nr) against an odd last panel p alone, in two chains of sums (even and odd pairs). */
 static inline __attribute__((always_inline)) void one_panel(const job_t *job, int64_t p, int64_t r0, const int nr) {
     const panel_t at = panel_at(job, p);
-    const int32_t *x[ROW_TILE];
+    const x_t *x[ROW_TILE];
     __m512 a[ROW_TILE], b[ROW_TILE];
     for (int r = 0; r < nr; r++) {
-        x[r] = (const int32_t *)(job->x + (r0 + r) * job->pairs * 2);
+        x[r] = job->x + (r0 + r) * job->pairs * X_PER_PAIR;
         a[r] = _mm512_setzero_ps(), b[r] = _mm512_setzero_ps();
     }
     int64_t k = 0;
@@ -203,13 +207,13 @@ static inline __attribute__((always_inline)) void one_panel(const job_t *job, in
         const __m512i wa = _mm512_loadu_si512(at.w + k * at.k_stride);
         const __m512i wb = _mm512_loadu_si512(at.w + (k + 1) * at.k_stride);
         for (int r = 0; r < nr; r++) {
-            a[r] = dot_pairs(a[r], _mm512_set1_epi32(x[r][k]), wa);
-            b[r] = dot_pairs(b[r], _mm512_set1_epi32(x[r][k + 1]), wb);
+            a[r] = dot_pair(a[r], x[r], k, wa);
+            b[r] = dot_pair(b[r], x[r], k + 1, wb);
         }
     }
     if (k < job->pairs) {
         const __m512i wa = _mm512_loadu_si512(at.w + k * at.k_stride);
-        for (int r = 0; r < nr; r++) a[r] = dot_pairs(a[r], _mm512_set1_epi32(x[r][k]), wa);
+        for (int r = 0; r < nr; r++) a[r] = dot_pair(a[r], x[r], k, wa);
     }
     for (int r = 0; r < nr; r++) store(job, p, r0 + r, _mm512_add_ps(a[r], b[r]));
 }
@@ -247,16 +251,28 @@ static void *panels(void *arg) {
  * returns 0, -1 when out of memory, -3 where this build or CPU lacks AVX-512. */
 int bf16_linear(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t rows, int64_t in,
                 int64_t out, int64_t num_threads) {
-#if HAVE_BF16_BUILD
+#if HAVE_AVX512_BUILD
     if (!bf16_linear_supported()) return -3;
     const int64_t in_pad = in + (in & 1), panel_count = (out + PANEL - 1) / PANEL;
+#if NATIVE_BF16
     uint16_t *padded = NULL;
     if (in_pad != in) { /* an odd width: each row gets the zero its last pair needs */
         padded = calloc((size_t)(rows * in_pad), sizeof(uint16_t));
         if (!padded) return -1;
         for (int64_t r = 0; r < rows; r++) memcpy(padded + r * in_pad, x + r * in, (size_t)in * sizeof(uint16_t));
-        x = padded;
     }
+    const x_t *xs = (const x_t *)(padded ? padded : x);
+#else
+    /* each input as float32 once, rather than once per panel it meets (an odd width's last pair
+     * gets a zero) */
+    float *padded = malloc((size_t)(rows * in_pad) * sizeof(float));
+    if (!padded) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        load_f32(DTYPE_BF16, x + r * in, padded + r * in_pad, in);
+        if (in_pad != in) padded[r * in_pad + in] = 0.0f;
+    }
+    const x_t *xs = padded;
+#endif
     if (num_threads < 1) num_threads = 1;
     if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
     /* the tiles (a group against up to four rows), in contiguous runs per thread */
@@ -266,7 +282,7 @@ int bf16_linear(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint
     tile_run_t runs[MAX_THREADS];
     tiles_split(runs, (int)num_threads, units);
     for (int64_t t = 0; t < num_threads; t++)
-        jobs[t] = (job_t){x, w, bias, y, rows, in_pad / 2, out, panel_count, runs, (int)t, (int)num_threads};
+        jobs[t] = (job_t){xs, w, bias, y, rows, in_pad / 2, out, panel_count, runs, (int)t, (int)num_threads};
     pool_run(panels, jobs, sizeof jobs[0], (int)num_threads);
     free(padded);
     return 0;
