@@ -253,6 +253,7 @@ int bf16_linear(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint
                 int64_t out, int64_t num_threads) {
 #if HAVE_AVX512_BUILD
     if (!bf16_linear_supported()) return -3;
+    if (rows == 0) return 0; /* nothing to write (and malloc(0) below may return NULL) */
     const int64_t in_pad = in + (in & 1), panel_count = (out + PANEL - 1) / PANEL;
 #if NATIVE_BF16
     uint16_t *padded = NULL;
