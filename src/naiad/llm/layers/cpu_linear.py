@@ -4,7 +4,7 @@ Where the CPU has AVX-512, naiad's own kernel (kernels/bf16_linear.c, `PanelLine
 instruction where the CPU has it, two FMAs per pair of inputs elsewhere): decode steps multiply a
 few rows by each weight, and there it reads the weights 1.3-2x faster than oneDNN's prepacked GEMV
 below at one row, and is level with it from 16 to 512 rows on an AVX512-BF16 CPU; on an Ice Lake
-Xeon without that extension a 123M Llama's decode step took 0.35-0.51x oneDNN's time at 1-64 rows
+Xeon without that extension a 123M Llama's decode step took 0.35-0.56x oneDNN's time at 1-64 rows
 (the kernel also lets the fused decode take the step). Elsewhere oneDNN's (`PackedLinear`):
 
 `nn.Linear` hands its weight to oneDNN in the plain row-major layout, which oneDNN reorders
