@@ -214,6 +214,22 @@ def test_nested_holds_release_on_the_last(registry: SharedMemoryRegistry, make_o
     assert registry.status() == []
 
 
+def test_an_acquired_hold_lets_go_once_however_often_released(registry: SharedMemoryRegistry,
+                                                               make_object: MakeObject) -> None:
+    """A request answered from a callback holds its regions until `release`; a request both
+    answered and cancelled releases twice, and the second must not free another holder's count."""
+    key = make_object(8)
+    registry.register("r", key, 0, 8)
+    first, second = registry.acquire({"r"}), registry.acquire({"r"})
+    registry.unregister("r")
+    first.release()
+    first.release()  # the second call does nothing: `second` still holds "r"
+    assert [r.name for r in registry.status()] == ["r"]
+    assert registry.read("r", 0, 1) == b"\0"
+    second.release()
+    assert registry.status() == []
+
+
 def test_close_unmaps_everything_even_held(registry: SharedMemoryRegistry, make_object: MakeObject) -> None:
     key = make_object(8)
     registry.register("r", key, 0, 8)

@@ -200,12 +200,17 @@ def test_client_shm_disabled_by_default(infer_server: ServerProcess, regions: Re
 # --------------------------------------------------------------------- unregister in flight
 
 
-def test_unregister_while_a_request_runs(client: Any, regions: Regions, shm_server: ServerProcess) -> None:
-    """The regions a running request uses stay until it finishes; then they are gone."""
+def _slow_trips(client: Any, seconds: float) -> int:
+    """Loop trips of the slow model that take about `seconds` on this machine now."""
     probe = grpcclient.InferInput("N", [1], "INT64").set_data_from_numpy(np.array([1000], np.int64))
     started = time.monotonic()
     client.infer("slow", [probe])
-    trips = max(1000, int(1000 * 1.5 / max(time.monotonic() - started, 1e-3)))
+    return max(1000, int(1000 * seconds / max(time.monotonic() - started, 1e-3)))
+
+
+def test_unregister_while_a_request_runs(client: Any, regions: Regions, shm_server: ServerProcess) -> None:
+    """The regions a running request uses stay until it finishes; then they are gone."""
+    trips = _slow_trips(client, 1.5)
     client.register_system_shared_memory("n", regions.create("n", 8, [np.array([trips], np.int64)]), 8)
     client.register_system_shared_memory("out", regions.create("out", 4), 4)
     outcome: dict[str, Any] = {}
@@ -231,4 +236,26 @@ def test_unregister_while_a_request_runs(client: Any, regions: Regions, shm_serv
     assert "error" not in outcome, outcome.get("error")
     assert regions.contents("out", np.float32, [1])[0] > 0
     assert client.get_system_shared_memory_status(as_json=True) == {}
+    assert_serves(client)
+
+
+def test_a_request_past_its_deadline_lets_go_of_its_regions(client: Any, regions: Regions) -> None:
+    """A call whose deadline passes while its request computes is cancelled, and the cancelled
+    request releases the regions it held: an unregister takes effect at once, not when the model
+    is done."""
+    trips = _slow_trips(client, 4.0)
+    client.register_system_shared_memory("n", regions.create("n", 8, [np.array([trips], np.int64)]), 8)
+    client.register_system_shared_memory("out", regions.create("out", 4), 4)
+    tensor = grpcclient.InferInput("N", [1], "INT64")
+    tensor.set_shared_memory("n", 8)
+    output = grpcclient.InferRequestedOutput("OUT")
+    output.set_shared_memory("out", 4)
+    status, _ = _error(lambda: client.infer("slow", [tensor], outputs=[output], client_timeout=0.5))
+    assert status == "StatusCode.DEADLINE_EXCEEDED"
+    started = time.monotonic()
+    client.unregister_system_shared_memory()
+    while client.get_system_shared_memory_status(as_json=True) and time.monotonic() - started < 2.0:
+        time.sleep(0.02)
+    assert client.get_system_shared_memory_status(as_json=True) == {}, "the cancelled request still holds its regions"
+    _slow_trips(client, 0.0)  # queued behind the model's run to its end (it cannot be interrupted)
     assert_serves(client)

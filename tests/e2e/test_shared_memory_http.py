@@ -4,6 +4,8 @@ and unregistering regions that requests still use."""
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -294,6 +296,34 @@ def test_unregister_while_a_request_runs(client: Any, regions: Regions, shm_serv
     assert "error" not in outcome, outcome.get("error")
     assert regions.contents("out", np.float32, [1])[0] > 0
     assert client.get_system_shared_memory_status() == []
+    assert_serves(shm_server.url)
+
+
+def test_a_request_whose_client_went_away_lets_go_of_its_regions(client: Any, regions: Regions,
+                                                                 shm_server: ServerProcess) -> None:
+    """A client that hangs up while its request computes cancels it, and the cancelled request
+    releases the regions it held: an unregister takes effect at once, not when the model is done."""
+    trips = _slow_trips(client, 4.0)
+    client.register_system_shared_memory("n", regions.create("n", 8, [np.array([trips], np.int64)]), 8)
+    client.register_system_shared_memory("out", regions.create("out", 4), 4)
+    body = json.dumps({
+        "inputs": [{"name": "N", "shape": [1], "datatype": "INT64",
+                    "parameters": {"shared_memory_region": "n", "shared_memory_byte_size": 8}}],
+        "outputs": [{"name": "OUT", "parameters": {"shared_memory_region": "out", "shared_memory_byte_size": 4}}],
+    }).encode()
+    host, port = shm_server.url.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: naiad\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.5)  # let the request reach the model
+    started = time.monotonic()
+    client.unregister_system_shared_memory()
+    while client.get_system_shared_memory_status() and time.monotonic() - started < 2.0:
+        time.sleep(0.02)
+    assert client.get_system_shared_memory_status() == [], "the cancelled request still holds its regions"
+    # The model itself runs on to the end (onnxruntime cannot be interrupted); wait for it, then
+    # the server serves as before.
+    client.infer("slow", [httpclient.InferInput("N", [1], "INT64").set_data_from_numpy(np.array([1], np.int64))])
     assert_serves(shm_server.url)
 
 

@@ -276,6 +276,37 @@ def test_held_request_survives_unregister_all(registry: SharedMemoryRegistry, re
     assert region_file.read_bytes()[SIZE // 2:SIZE // 2 + 4] == np.array([6.0], np.float32).tobytes()
 
 
+def test_begin_holds_reads_and_checks_then_lets_go_on_release(registry: SharedMemoryRegistry,
+                                                               region_file: Path) -> None:
+    """The callback form: `begin` holds the regions and reads the inputs; an unregister meanwhile
+    waits for `release`, which the answer and a cancellation may both call."""
+    _put(region_file, 0, np.array([4.0], np.float32).tobytes())
+    request = _request([_shm_input(DataType.FP32, (1,), byte_size=4)], [RequestedOutput("OUT", _params("half", 4))])
+    held = shm.begin(request, registry)
+    assert request.inputs[0].data.tolist() == [4.0]
+    registry.unregister()
+    assert sorted(r.name for r in registry.status()) == ["half", "r"]
+    cancelled: list[bool] = []
+    cancel = shm.cancelling(lambda: cancelled.append(True), held)
+    response = _response(Tensor("OUT", DataType.FP32, (1,), request.inputs[0].data + 1))
+    assert shm.write_outputs(request, response, registry) == {"OUT"}
+    held.release()  # answered
+    cancel()  # and cancelled too: the job is told, the hold is already gone
+    assert cancelled == [True]
+    assert registry.status() == []
+    assert region_file.read_bytes()[SIZE // 2:SIZE // 2 + 4] == np.array([5.0], np.float32).tobytes()
+
+
+def test_begin_holds_nothing_after_a_bad_request(registry: SharedMemoryRegistry) -> None:
+    """An output window past its region fails `begin` with Triton's error, and the regions the
+    request named are free to unregister at once."""
+    request = _request([_shm_input(DataType.FP32, (1,), byte_size=4)],
+                       [RequestedOutput("OUT", _params("half", SIZE))])
+    assert "Invalid offset + byte size" in _error(lambda: shm.begin(request, registry)).message
+    registry.unregister()
+    assert registry.status() == []
+
+
 # ------------------------------------------------------------------------------------------- CUDA
 
 

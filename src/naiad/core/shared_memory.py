@@ -175,11 +175,16 @@ class SharedMemoryRegistry:
     def hold(self, names: Iterable[str]) -> Iterator[None]:
         """Keep the named regions (those registered) mapped while the block runs, even if a
         client unregisters them meanwhile; an unregister then takes effect when the block ends."""
-        held = self._acquire(set(names))
+        held = self.acquire(names)
         try:
             yield
         finally:
-            self._release(held)
+            held.release()
+
+    def acquire(self, names: Iterable[str]) -> Hold:
+        """`hold` for a request answered from a callback rather than inside one block: the named
+        regions stay mapped until the returned hold's `release`."""
+        return Hold(self, self._acquire(set(names)))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -213,6 +218,22 @@ class SharedMemoryRegistry:
                 if mapping.doomed and mapping.users == 0 and self._mappings.get(mapping.region.name) is mapping:
                     del self._mappings[mapping.region.name]
                     mapping.close()
+
+
+class Hold:
+    """Regions one request keeps mapped (SharedMemoryRegistry.acquire) until `release`, which
+    may be called more than once: a request that is answered and cancelled lets go once."""
+
+    __slots__ = ("_held", "_registry")
+
+    def __init__(self, registry: SharedMemoryRegistry, held: list[_Mapping]) -> None:
+        self._registry = registry
+        self._held: list[_Mapping] | None = held
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self._registry._release(held)
 
 
 def _check_key(name: str, key: str) -> None:

@@ -12,6 +12,10 @@ A frontend serving one request does, in this order:
             written = write_outputs(request, response, registry)   # when response.error is None
         # encode the response: outputs in `written` go back without data (no parameters either)
 
+A frontend answering from a callback (no task per request) does the same in two halves:
+`held = begin(request, registry)` before it queues the request, then, in the callback,
+`write_outputs` and `held.release()`; and `held.release()` if the request is cancelled instead.
+
 Every function raises NaiadError subclasses carrying Triton's texts; the frontend maps them.
 Integer parameters may be Python ints of either sign: like Triton, which reads them as size_t,
 a negative int64 wraps to a huge unsigned value and fails the bounds checks with Triton's text.
@@ -19,11 +23,11 @@ a negative int64 wraps to a huge unsigned value and fails the bounds checks with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from naiad.core.shared_memory import SharedMemoryRegistry
+from naiad.core.shared_memory import Hold, SharedMemoryRegistry
 from naiad.errors import InternalError, InvalidArgument, NotFound, Unsupported
 from naiad.frontends.tensors import tensor_from_raw, tensor_to_raw
 from naiad.types import InferRequest, InferResponse
@@ -114,6 +118,31 @@ def resolve_inputs(request: InferRequest, registry: SharedMemoryRegistry) -> Non
             tensor.data = tensor_from_raw(tensor.name, tensor.datatype, tensor.shape, raw, request.model_name)
         except InvalidArgument as error:
             raise InvalidArgument(_request_prefix(request) + error.message) from None
+
+
+def begin(request: InferRequest, registry: SharedMemoryRegistry) -> Hold:
+    """What precedes `server.infer` inside `registry.hold` above, for a request answered from a
+    callback: its regions held, its inputs read, its outputs checked. Raises as `resolve_inputs`
+    and `check_outputs` do, holding nothing then; else the caller releases the hold once the
+    outputs are written, or once the request is cancelled."""
+    held = registry.acquire(region_names(request))
+    try:
+        resolve_inputs(request, registry)
+        check_outputs(request, registry)
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
+def cancelling(cancel: Callable[[], None], held: Hold) -> Callable[[], None]:
+    """What cancels a request begun with `begin`: `cancel` (its job's), then the hold."""
+
+    def cancelled() -> None:
+        cancel()
+        held.release()
+
+    return cancelled
 
 
 def check_outputs(request: InferRequest, registry: SharedMemoryRegistry) -> None:

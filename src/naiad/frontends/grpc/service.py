@@ -150,21 +150,24 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def model_infer_soon(self, request: pb.ModelInferRequest, call: Any) -> bool:
         """ModelInfer without a task, for the common request: no response compression, tracing
-        off, no shared memory (those take `ModelInfer`, returning False). Same answers as it."""
+        off (those take `ModelInfer`, returning False). Same answers as it. Tensors in shared
+        memory keep their regions mapped, even if a client unregisters them, until the outputs
+        are written or the call is cancelled (`shm.begin`)."""
         if self.compression is not None or self.server.tracer.active:
             return False
+        held = None
         try:
             decoded = infer.decode(request, call, self.forward_pattern)
             if shm.uses_shared_memory(decoded):
-                return False  # ModelInfer decodes it again: shared memory is not the hot path
+                held = shm.begin(decoded, self.server.shared_memory)
 
             def answered(response: InferResponse) -> None:
-                if response.error is not None:
-                    error = as_naiad_error(response.error)
-                    call.finish(grpc_code(error.status), error.message)
-                    return
                 try:
-                    reply = encode_infer_response(response)
+                    if response.error is not None:
+                        raise as_naiad_error(response.error)
+                    reply = (encode_infer_response(response) if held is None else
+                             encode_infer_response(response,
+                                                   shm.write_outputs(decoded, response, self.server.shared_memory)))
                 except NaiadError as error:
                     call.finish(grpc_code(error.status), error.message)
                     return
@@ -172,18 +175,25 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     log.exception("unhandled error in ModelInfer")
                     call.finish(grpc.StatusCode.INTERNAL, "internal server error")
                     return
+                finally:
+                    if held is not None:
+                        held.release()
                 call.answer(reply)
 
             job = self.server.infer_soon(decoded, answered, infer.DECOUPLED_ERROR)
         except NaiadError as error:
             call.finish(grpc_code(error.status), error.message)
+            if held is not None:
+                held.release()
             return True
         except Exception:
             log.exception("unhandled error in ModelInfer")
             call.finish(grpc.StatusCode.INTERNAL, "internal server error")
+            if held is not None:
+                held.release()
             return True
         if not call.closed:  # not answered already (a cache hit, an early refusal)
-            call.on_cancel = job.cancel
+            call.on_cancel = job.cancel if held is None else shm.cancelling(job.cancel, held)
         return True
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],

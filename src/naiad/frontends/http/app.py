@@ -91,20 +91,10 @@ class HttpApp:
                 answer(reply, [])
 
         try:
-            started = handlers.model_infer_now(self.server, route, body, headers, answered)
+            return handlers.model_infer_now(self.server, route, body, headers, answered)
         except NaiadError as error:
             answer(error_reply(error), [])
             return _nothing
-        if callable(started):
-            return started
-        return self._finish(started, headers)  # tensors in shared memory: the general path
-
-    async def _finish(self, handling: Awaitable[Reply], headers: Headers) -> tuple[Reply, list[tuple[bytes, bytes]]]:
-        try:
-            reply = await handling
-        except NaiadError as error:
-            return error_reply(error), []
-        return self._compress(reply, headers) if reply.status == 200 else (reply, [])
 
     async def _handle(self, method: str, route: Route | None, headers: Headers, body: bytes) -> Reply:
         if route is None:
