@@ -5,6 +5,7 @@ and unregistering regions that requests still use."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -372,4 +373,71 @@ def test_many_requests_racing_unregister(client: Any, regions: Regions, shm_serv
     assert unexpected == []
     assert "200" in statuses and "404" in statuses
     assert regions.contents("out", np.float32, [1, 64]).tolist() == data.tolist()
+    assert_serves(shm_server.url)
+
+
+def test_a_client_truncating_its_regions_cannot_kill_the_server(client: Any, regions: Regions,
+                                                                shm_server: ServerProcess) -> None:
+    """The attack: a client shrinks its objects to nothing and regrows them, as fast as it can,
+    while its requests read and write them (a server copying through a mapping takes SIGBUS when
+    that lands between its size check and its copy). Each of its requests succeeds or gets a 400;
+    a bystander's plain inferences all succeed meanwhile, and the server serves on."""
+    data = np.arange(64, dtype=np.float32).reshape(1, 64)
+    keys = [regions.create("in", 256, [data]), regions.create("out", 256)]
+    client.register_system_shared_memory("in", keys[0], 256)
+    client.register_system_shared_memory("out", keys[1], 256)
+    stop = threading.Event()
+    attacker: list[str] = []
+    bystander: list[float] = []
+    unexpected: list[BaseException] = []
+
+    def shrink_and_regrow() -> None:
+        files = [os.open("/dev/shm" + key, os.O_RDWR) for key in keys]
+        try:
+            while not stop.is_set():
+                for fd in files:
+                    os.ftruncate(fd, 0)
+                for fd in files:
+                    os.ftruncate(fd, 256)
+        finally:
+            for fd in files:
+                os.close(fd)
+
+    def attack() -> None:
+        worker = httpclient.InferenceServerClient(shm_server.url, network_timeout=30)
+        while not stop.is_set():
+            output = httpclient.InferRequestedOutput("OUTPUT0")
+            output.set_shared_memory("out", 256)
+            try:
+                worker.infer("id_fp32", [httpclient.InferInput("INPUT0", [1, 64], "FP32").set_shared_memory("in", 256)],
+                             outputs=[output])
+                attacker.append("200")
+            except InferenceServerException as error:
+                attacker.append(str(error.status()))
+            except BaseException as error:
+                unexpected.append(error)
+                return
+
+    def bystand() -> None:
+        worker = httpclient.InferenceServerClient(shm_server.url, network_timeout=30)
+        tensor = httpclient.InferInput("INPUT0", [1, 64], "FP32").set_data_from_numpy(data)
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                assert worker.infer("id_fp32", [tensor]).as_numpy("OUTPUT0").tolist() == data.tolist()
+            except BaseException as error:
+                unexpected.append(error)
+                return
+            bystander.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=run) for run in (shrink_and_regrow, attack, attack, bystand)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert unexpected == []
+    assert set(attacker) <= {"200", "400"} and len(attacker) > 50, sorted(set(attacker))
+    assert len(bystander) > 20
     assert_serves(shm_server.url)

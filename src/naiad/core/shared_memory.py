@@ -1,19 +1,23 @@
 """System shared memory regions that clients register (Triton's system shared-memory extension).
 
 A region is a window `[offset, offset + byte_size)` of a POSIX shared-memory object (the `key`,
-e.g. "/input0", which lives at /dev/shm/input0 on Linux), mapped read-write. Frontends read
+e.g. "/input0", which lives at /dev/shm/input0 on Linux), opened read-write. Frontends read
 input tensors from regions and write output tensors into them; error texts are Triton's
 (shared_memory_manager.cc) so clients that match on them keep working.
 
-Safety rules, because a bad mapping can kill the whole server with SIGBUS or a dangling pointer:
-reads return copies, writes look the region up at write time, every access is bounds-checked
-against the registered window and against the object's current size, and a region that requests
-still hold (see `hold`) is only unmapped once the last of them lets go.
+Safety rules, because the client owns the object and may truncate it at any moment: the server
+never maps it. A mapped page past the end of a truncated object raises SIGBUS when touched, which
+would kill the whole server, and a size check before each copy leaves a window in which the
+client can still truncate; `pread` and `pwrite` on the object's file cannot fault. A read that
+comes up short (the object shrank under the window) is refused; a write inside the registered
+window may grow a shrunk object back to it, and a full /dev/shm is an error, not a fault. Reads
+return copies, writes look the region up at write time, every access is bounds-checked against
+the registered window, and a region that requests still hold (see `hold`) is only closed once
+the last of them lets go.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 import threading
@@ -21,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from naiad.errors import AlreadyExists, InternalError, InvalidArgument, NaiadError, NotFound, Unavailable
+from naiad.errors import AlreadyExists, InternalError, InvalidArgument, NotFound, Unavailable
 
 UINT64_MAX = 2**64 - 1
 SHM_DIR = "/dev/shm"
@@ -43,16 +47,14 @@ class Region:
     byte_size: int
 
 
-class _Mapping:
-    """One registered region: its file, its mapping and who holds it."""
+class _OpenRegion:
+    """One registered region: its object's open file and who holds it."""
 
-    __slots__ = ("closed", "doomed", "fd", "lock", "mm", "region", "start", "users")
+    __slots__ = ("closed", "doomed", "fd", "lock", "region", "users")
 
-    def __init__(self, region: Region, fd: int, mm: mmap.mmap | None, start: int) -> None:
+    def __init__(self, region: Region, fd: int) -> None:
         self.region = region
         self.fd = fd
-        self.mm = mm
-        self.start = start  # where the window begins inside `mm` (mmap offsets are page-aligned)
         self.users = 0
         self.doomed = False
         self.closed = False
@@ -60,39 +62,31 @@ class _Mapping:
 
     def read(self, offset: int, byte_size: int) -> bytes:
         with self.lock:
-            self._check_open(offset + byte_size)
+            self._check_open()
             if byte_size == 0:
                 return b""
-            assert self.mm is not None  # a window of size > 0 is always mapped
-            begin = self.start + offset
-            return self.mm[begin:begin + byte_size]
+            data = _pread_all(self.fd, byte_size, self.region.offset + offset)
+        if len(data) < byte_size:
+            raise InvalidArgument(f"Invalid shared memory region: '{self.region.key}'")  # it shrank
+        return data
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
-        size = memoryview(data).nbytes
+        view = memoryview(data).cast("B")
         with self.lock:
-            self._check_open(offset + size)
-            if size == 0:
-                return
-            assert self.mm is not None
-            begin = self.start + offset
-            self.mm[begin:begin + size] = memoryview(data).cast("B")
+            self._check_open()
+            if view.nbytes:
+                _pwrite_all(self.fd, view, self.region.offset + offset, self.region.key)
 
     def close(self) -> None:
         with self.lock:
             if self.closed:
                 return
             self.closed = True
-            if self.mm is not None:
-                self.mm.close()
             os.close(self.fd)
 
-    def _check_open(self, end: int) -> None:
-        """Refuse access to a closed mapping, or one whose object shrank under it: touching
-        mapped pages past the end of the object raises SIGBUS, which would kill the server."""
+    def _check_open(self) -> None:
         if self.closed:
             raise NotFound(f"Unable to find shared memory region: '{self.region.name}'")
-        if _object_size(self.fd) < self.region.offset + end:
-            raise InvalidArgument(f"Invalid shared memory region: '{self.region.key}'")
 
 
 class SharedMemoryRegistry:
@@ -105,7 +99,7 @@ class SharedMemoryRegistry:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._lock = threading.Lock()
-        self._mappings: dict[str, _Mapping] = {}
+        self._regions: dict[str, _OpenRegion] = {}
 
     # -- registration ------------------------------------------------------------------------
 
@@ -118,40 +112,40 @@ class SharedMemoryRegistry:
         self.require_enabled()
         _check_key(name, key)
         with self._lock:
-            if name in self._mappings:
+            if name in self._regions:
                 raise AlreadyExists(f"shared memory region '{name}' already in manager")
-            self._mappings[name] = _map(Region(name, key, offset, byte_size))
+            self._regions[name] = _open_region(Region(name, key, offset, byte_size))
 
     def unregister(self, name: str | None = None) -> None:
         """Forget region `name` (None: every region). An unknown name is not an error, as in
         Triton. A region that in-flight requests hold stays usable and listed until they finish."""
         self.require_enabled()
         with self._lock:
-            names = list(self._mappings) if name is None else [name]
+            names = list(self._regions) if name is None else [name]
             for each in names:
-                mapping = self._mappings.get(each)
+                mapping = self._regions.get(each)
                 if mapping is None:
                     continue
                 mapping.doomed = True
                 if mapping.users == 0:
-                    del self._mappings[each]
+                    del self._regions[each]
                     mapping.close()
 
     def status(self, name: str | None = None) -> list[Region]:
         """Every region (None) or the one named; NotFound for an unknown name."""
         with self._lock:
             if name is None:
-                return [m.region for m in self._mappings.values()]
-            mapping = self._mappings.get(name)
+                return [m.region for m in self._regions.values()]
+            mapping = self._regions.get(name)
         if mapping is None:
             raise NotFound(f"Unable to find system shared memory region: '{name}'")
         return [mapping.region]
 
     def close(self) -> None:
-        """Unmap every region, held or not (server shutdown); later accesses fail cleanly."""
+        """Close every region, held or not (server shutdown); later accesses fail cleanly."""
         with self._lock:
-            mappings = list(self._mappings.values())
-            self._mappings.clear()
+            mappings = list(self._regions.values())
+            self._regions.clear()
         for mapping in mappings:
             mapping.close()
 
@@ -173,7 +167,7 @@ class SharedMemoryRegistry:
 
     @contextmanager
     def hold(self, names: Iterable[str]) -> Iterator[None]:
-        """Keep the named regions (those registered) mapped while the block runs, even if a
+        """Keep the named regions (those registered) open while the block runs, even if a
         client unregisters them meanwhile; an unregister then takes effect when the block ends."""
         held = self.acquire(names)
         try:
@@ -183,7 +177,7 @@ class SharedMemoryRegistry:
 
     def acquire(self, names: Iterable[str]) -> Hold:
         """`hold` for a request answered from a callback rather than inside one block: the named
-        regions stay mapped until the returned hold's `release`."""
+        regions stay open until the returned hold's `release`."""
         return Hold(self, self._acquire(set(names)))
 
     # -- internals ---------------------------------------------------------------------------
@@ -193,42 +187,42 @@ class SharedMemoryRegistry:
         if not self.enabled:
             raise Unavailable(DISABLED_ERROR)
 
-    def _window(self, name: str, offset: int, byte_size: int) -> _Mapping:
+    def _window(self, name: str, offset: int, byte_size: int) -> _OpenRegion:
         self.require_enabled()
         with self._lock:
-            mapping = self._mappings.get(name)
+            mapping = self._regions.get(name)
         if mapping is None:
             raise NotFound(f"Unable to find shared memory region: '{name}'")
         _check_window(mapping.region, offset, byte_size)
         return mapping
 
-    def _acquire(self, names: set[str]) -> list[_Mapping]:
+    def _acquire(self, names: set[str]) -> list[_OpenRegion]:
         if not self.enabled:
             return []
         with self._lock:
-            held = [self._mappings[name] for name in names if name in self._mappings]
+            held = [self._regions[name] for name in names if name in self._regions]
             for mapping in held:
                 mapping.users += 1
         return held
 
-    def _release(self, held: list[_Mapping]) -> None:
+    def _release(self, held: list[_OpenRegion]) -> None:
         with self._lock:
             for mapping in held:
                 mapping.users -= 1
-                if mapping.doomed and mapping.users == 0 and self._mappings.get(mapping.region.name) is mapping:
-                    del self._mappings[mapping.region.name]
+                if mapping.doomed and mapping.users == 0 and self._regions.get(mapping.region.name) is mapping:
+                    del self._regions[mapping.region.name]
                     mapping.close()
 
 
 class Hold:
-    """Regions one request keeps mapped (SharedMemoryRegistry.acquire) until `release`, which
+    """Regions one request keeps open (SharedMemoryRegistry.acquire) until `release`, which
     may be called more than once: a request that is answered and cancelled lets go once."""
 
     __slots__ = ("_held", "_registry")
 
-    def __init__(self, registry: SharedMemoryRegistry, held: list[_Mapping]) -> None:
+    def __init__(self, registry: SharedMemoryRegistry, held: list[_OpenRegion]) -> None:
         self._registry = registry
-        self._held: list[_Mapping] | None = held
+        self._held: list[_OpenRegion] | None = held
 
     def release(self) -> None:
         held, self._held = self._held, None
@@ -257,25 +251,34 @@ def _check_window(region: Region, offset: int, byte_size: int) -> None:
         raise InvalidArgument(f"Invalid offset + byte size for shared memory region: '{region.name}'")
 
 
-def _map(region: Region) -> _Mapping:
-    """Open the region's object and map its window; the caller owns the result."""
+def _open_region(region: Region) -> _OpenRegion:
+    """Open the region's object and check its window; the caller owns the result."""
     fd = _open(region.key)
+    if region.offset < 0 or region.byte_size < 0 or region.offset + region.byte_size > _object_size(fd):
+        os.close(fd)
+        raise InvalidArgument(f"failed to register shared memory region '{region.name}': invalid args")
+    return _OpenRegion(region, fd)
+
+
+def _pread_all(fd: int, size: int, position: int) -> bytes:
+    """`size` bytes at `position`, fewer only where the object ends first (a loop for tensors of
+    gigabytes: Linux moves at most ~2 GiB a call)."""
+    parts: list[bytes] = []
+    done = 0
+    while done < size and (part := os.pread(fd, size - done, position + done)):
+        parts.append(part)
+        done += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _pwrite_all(fd: int, view: memoryview, position: int, key: str) -> None:
+    """All of `view` at `position`; a full /dev/shm (or any failure) is Triton's write error."""
     try:
-        if region.offset < 0 or region.byte_size < 0 or region.offset + region.byte_size > _object_size(fd):
-            raise InvalidArgument(f"failed to register shared memory region '{region.name}': invalid args")
-        start = region.offset % mmap.ALLOCATIONGRANULARITY
-        length = start + region.byte_size
-        mm = None
-        if region.byte_size > 0:  # mmap refuses empty mappings (length 0 means "the whole file")
-            mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
-                           offset=region.offset - start)
-    except NaiadError:
-        os.close(fd)
-        raise
-    except (OSError, ValueError) as error:
-        os.close(fd)
-        raise InvalidArgument(f"failed to register shared memory region '{region.name}': {error}") from None
-    return _Mapping(region, fd, mm, start)
+        while view.nbytes:
+            written = os.pwrite(fd, view, position)
+            view, position = view[written:], position + written
+    except OSError as error:
+        raise InternalError(f"failed to write to shared memory region '{key}': {error.strerror}") from None
 
 
 def _open(key: str) -> int:

@@ -163,7 +163,7 @@ def write_outputs(request: InferRequest, response: InferResponse, registry: Shar
 
     InternalError (HTTP 500, as Triton) when a region is smaller than its output; nothing is
     written then. The region is looked up again here, so one unregistered meanwhile (and not
-    held) fails with NotFound instead of being written after it was unmapped.
+    held) fails with NotFound instead of being written after it was closed.
     """
     refs = {o.name: ref for o in request.outputs or () if (ref := shm_ref(o.name, o.parameters)) is not None}
     if not refs:

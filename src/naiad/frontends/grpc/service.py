@@ -151,7 +151,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def model_infer_soon(self, request: pb.ModelInferRequest, call: Any) -> bool:
         """ModelInfer without a task, for the common request: no response compression, tracing
         off (those take `ModelInfer`, returning False). Same answers as it. Tensors in shared
-        memory keep their regions mapped, even if a client unregisters them, until the outputs
+        memory keep their regions open, even if a client unregisters them, until the outputs
         are written or the call is cancelled (`shm.begin`)."""
         if self.compression is not None or self.server.tracer.active:
             return False

@@ -157,7 +157,7 @@ def _infer_shared_memory_now(server: InferenceServer, request: InferRequest,
                              answer: Callable[[Reply], None]) -> Callable[[], None]:
     """`_infer_shared_memory` without a task of its own (with one, and its coroutines and future,
     identity over shared memory at 32 connections served 0.77x the requests a second; docs/
-    benchmarks.md): the regions stay mapped, even if a client unregisters them, until the outputs
+    benchmarks.md): the regions stay open, even if a client unregisters them, until the outputs
     are written or the request is cancelled."""
     registry = server.shared_memory
     held = shm.begin(request, registry)
@@ -213,7 +213,7 @@ async def _infer(server: InferenceServer, request: InferRequest) -> InferRespons
 
 
 async def _infer_shared_memory(server: InferenceServer, request: InferRequest) -> Reply:
-    """Inputs read from and outputs written to registered regions, which stay mapped until the
+    """Inputs read from and outputs written to registered regions, which stay open until the
     response is written even if a client unregisters them meanwhile."""
     registry = server.shared_memory
     with registry.hold(shm.region_names(request)):
