@@ -272,7 +272,8 @@ def _pread_all(fd: int, size: int, position: int) -> bytes:
 
 
 def _pwrite_all(fd: int, view: memoryview, position: int, key: str) -> None:
-    """All of `view` at `position`; a full /dev/shm (or any failure) is Triton's write error."""
+    """All of `view` at `position`; a full /dev/shm (or any other failure) is an InternalError
+    (HTTP 500), not a fault."""
     try:
         while view.nbytes:
             written = os.pwrite(fd, view, position)
