@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -431,6 +432,7 @@ def test_a_client_truncating_its_regions_cannot_kill_the_server(client: Any, reg
                 return
             bystander.append(time.monotonic() - started)
 
+    rss_before = _rss_bytes(shm_server.process.pid)
     threads = [threading.Thread(target=run) for run in (shrink_and_regrow, attack, attack, bystand)]
     for thread in threads:
         thread.start()
@@ -441,4 +443,16 @@ def test_a_client_truncating_its_regions_cannot_kill_the_server(client: Any, reg
     assert unexpected == []
     assert set(attacker) <= {"200", "400"} and len(attacker) > 50, sorted(set(attacker))
     assert len(bystander) > 20
+    p99 = sorted(bystander)[int(len(bystander) * 0.99)]
+    growth = _rss_bytes(shm_server.process.pid) - rss_before
+    print(f"bystander p99 {p99 * 1e3:.1f} ms over {len(bystander)} calls; server RSS growth {growth / 2**20:.1f} MiB")
+    assert p99 < 1.0  # identity calls of a few ms: a second means the bystander was starved
+    assert growth < 64 * 2**20  # 256-byte regions: tens of MiB would be a leak per attack
     assert_serves(shm_server.url)
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
