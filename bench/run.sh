@@ -6,8 +6,16 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 failed=()
-run() { "$@" || failed+=("$*"); }
-bash bench/setup_peers.sh || exit 1
+started=$SECONDS
+# Each row's wall time goes to stderr as it ends, so that a whole run says where its hours went.
+run() {
+    local t0=$SECONDS
+    "$@" || failed+=("$*")
+    printf '[make bench] %s: %d min %02d s (%s UTC)\n' "$*" $(((SECONDS - t0) / 60)) $(((SECONDS - t0) % 60)) \
+        "$(date -u +%H:%M)" >&2
+}
+run bash bench/setup_peers.sh
+if ((${#failed[@]})); then exit 1; fi
 run .venv/bin/python bench/identity.py --rounds 3 "$@"
 # Dynamic batching: MLP and MiniLM, batching on/off, vs in-process onnxruntime and Triton (c=1..64).
 run .venv/bin/python bench/batching.py --rounds 3
@@ -42,6 +50,7 @@ run .venv/bin/python bench/llm.py --rounds 3
 run .venv/bin/python bench/llm_structured.py
 # The bundled SmolLM2's own Q4_1 GGUF: naiad (quantization gguf) vs llama-server on the same file, 1 and 16 streams.
 run .venv/bin/python bench/llm.py --model smollm2-gguf --servers naiad llama --streams 1 16 --rounds 3
+printf '[make bench] all rows: %d min\n' $(((SECONDS - started) / 60)) >&2
 if ((${#failed[@]})); then
     printf 'failed: %s\n' "${failed[@]}" >&2
     exit 1
