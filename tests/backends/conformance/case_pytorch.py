@@ -93,11 +93,26 @@ def in_process_pytorch(version: Path) -> Callable[[np.ndarray], np.ndarray]:
     return run
 
 
+def in_process_pytorch_export(version: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """The exported MLP run as naiad's backend runs a PT2 archive: `torch.export.load`, the
+    program's module, inference mode, one intra-op thread, on the calling thread."""
+    import torch
+
+    module = torch.export.load(str(version / "model.pt2")).module()
+    torch.set_num_threads(1)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return module(torch.from_numpy(x)).numpy()
+
+    return run
+
+
 CASES = [
     BackendCase("pytorch", "pytorch", "pytorch_libtorch", write_torchscript_mlp, "model.pt",
                 input_name="INPUT__0", output_name="OUTPUT__0", write_identity=write_torchscript_identity,
                 datatypes=DATATYPES, requires=("torch",), in_process=in_process_pytorch),
     BackendCase("pytorch_export", "pytorch", "torch_aoti", write_exported_mlp, "model.pt2",
                 input_name="INPUT__0", output_name="OUTPUT__0", write_identity=write_exported_identity,
-                datatypes=DATATYPES, autocomplete=True, requires=("torch",)),
+                datatypes=DATATYPES, autocomplete=True, requires=("torch",), in_process=in_process_pytorch_export),
 ]
