@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
+import select
 import socket
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +32,57 @@ def test_messages_round_trip_in_order() -> None:
     with pytest.raises(p.ChannelClosed):
         receiver.recv()
     receiver.close()
+
+
+# A model process in miniature: reads each message with a blocking `Channel.recv` and echoes it on
+# the same socket, as the stub answers each `Execute`.
+_ECHO = """
+import socket, sys
+from naiad.backends.python import messages as p
+channel = p.Channel(socket.socket(fileno=int(sys.argv[1])))
+while not isinstance(message := channel.recv(), p.Shutdown):
+    channel.send(message)
+"""
+
+
+def _voluntary_switches(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="counts context switches in /proc")
+def test_a_blocked_reader_sleeps_once_per_message_not_again_when_its_answer_is_read() -> None:
+    """A Unix stream socket has one wait queue for both directions: a reader blocked in recvmsg
+    was also woken each time the other side read what it had written (room to write again), so
+    the model process slept twice per request. It now waits for input only."""
+    ours, theirs = socket.socketpair()
+    child = subprocess.Popen([sys.executable, "-c", _ECHO, str(theirs.fileno())], pass_fds=(theirs.fileno(),))
+    theirs.close()
+    channel = p.Channel(ours)
+    try:
+        for i in range(20):  # start-up and warm-up out of the count
+            channel.send(p.Frees([i]))
+            assert channel.recv() == p.Frees([i])
+        before, rounds = _voluntary_switches(child.pid), 400
+        for i in range(rounds):
+            channel.send(p.Frees([i]))
+            # Read the answer as the server's event loop does, a while after it arrived (by then
+            # the echoing process is back in its read, asleep), and send the next message a
+            # while later, as the next request comes (a wake-up for nothing would otherwise find
+            # it there and pass for the wake-up it brings).
+            select.select([ours], [], [])
+            time.sleep(0.0005)
+            assert channel.recv() == p.Frees([i])
+            time.sleep(0.0005)
+        per_message = (_voluntary_switches(child.pid) - before) / rounds
+        assert per_message < 1.5, f"the echoing process slept {per_message:.2f} times per message"
+        channel.send(p.Shutdown())
+        assert child.wait(10) == 0
+    finally:
+        channel.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def test_large_messages_arrive_whole_across_many_reads() -> None:

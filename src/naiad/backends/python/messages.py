@@ -229,6 +229,9 @@ class Channel:
         self._end = 0
         self._fds: collections.deque[int] = collections.deque()
         self._closed = False  # end of stream seen while messages were still to be handed out
+        # A blocking reader waits for input here, not inside recvmsg: see `_wait_readable`.
+        self._input = select.poll()
+        self._input.register(sock, select.POLLIN)
 
     def send(self, message: Message, fds: tuple[int, ...] = ()) -> None:
         self.send_many((message,), fds)
@@ -286,7 +289,22 @@ class Channel:
                     if self._start == self._end:
                         self._start = self._end = 0
                     return message
+            if self.sock.gettimeout() is None:  # blocking (with a timeout, the socket polls itself)
+                self._wait_readable()
             self._fill(need)
+
+    def _wait_readable(self) -> None:
+        """Sleep until the socket has bytes to read, or its end of stream.
+
+        A thread blocked in recvmsg on a Unix stream socket sleeps on the socket's only wait
+        queue, which also gets the "room to write again" wake-up that the *other* side causes
+        each time it reads what this side wrote. A model process answers, goes back to reading,
+        and was woken once more for nothing when the server read the answer: a second context
+        switch per request (and the server paid for waking it). A wait in poll for POLLIN is
+        only woken by input: the kernel filters a poller's wake-ups by the events it asked for."""
+        if self.sock.fileno() < 0:  # closed: the poller's number may belong to another file now
+            raise ChannelClosed("the channel is closed")
+        self._input.poll()
 
     def set_nonblocking(self) -> None:
         """For an event loop that reads with `recv_ready` when the socket is readable."""
