@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from backends.conformance import mlp
@@ -79,27 +80,26 @@ def write_exported_identity(version: Path, datatype: str) -> None:
 
 
 def in_process_pytorch(version: Path) -> Callable[[np.ndarray], np.ndarray]:
-    """The TorchScript MLP run by torch in this process as a naiad instance runs it: inference
-    mode, one intra-op thread (the backend's default), on the calling thread."""
+    """The TorchScript MLP run by torch in this process as a naiad instance runs it."""
     import torch
 
-    module = torch.jit.load(str(version / "model.pt"), map_location="cpu").eval()
-    torch.set_num_threads(1)  # per calling thread with torch's OpenMP build, as in the backend
-
-    def run(x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return module(torch.from_numpy(x)).numpy()
-
-    return run
+    return _on_calling_thread(torch.jit.load(str(version / "model.pt"), map_location="cpu").eval())
 
 
 def in_process_pytorch_export(version: Path) -> Callable[[np.ndarray], np.ndarray]:
     """The exported MLP run as naiad's backend runs a PT2 archive: `torch.export.load`, the
-    program's module, inference mode, one intra-op thread, on the calling thread."""
+    program's module."""
     import torch
 
-    module = torch.export.load(str(version / "model.pt2")).module()
-    torch.set_num_threads(1)
+    return _on_calling_thread(torch.export.load(str(version / "model.pt2")).module())
+
+
+def _on_calling_thread(module: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """`module` as a naiad instance calls it: inference mode, one intra-op thread (the backend's
+    default), on the calling thread."""
+    import torch
+
+    torch.set_num_threads(1)  # per calling thread with torch's OpenMP build, as in the backend
 
     def run(x: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
