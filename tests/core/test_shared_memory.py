@@ -56,6 +56,23 @@ def _path(key: str) -> Path:
     return Path("/dev/shm") / key.lstrip("/")
 
 
+def _read(registry: SharedMemoryRegistry, name: str, offset: int, byte_size: int) -> bytes:
+    """One access as a request makes it: through a hold of the region, let go after."""
+    held = registry.acquire({name})
+    try:
+        return held.read(name, offset, byte_size)
+    finally:
+        held.release()
+
+
+def _write(registry: SharedMemoryRegistry, name: str, offset: int, data: bytes | memoryview) -> None:
+    held = registry.acquire({name})
+    try:
+        held.write(name, offset, data)
+    finally:
+        held.release()
+
+
 def _error(call: Callable[[], object]) -> NaiadError:
     with pytest.raises(NaiadError) as info:
         call()
@@ -71,17 +88,17 @@ def test_register_status_read_write_round_trip(registry: SharedMemoryRegistry, m
     registry.register("tail", key, 48, 16)
     assert registry.status() == [Region("in", key, 0, 64), Region("tail", key, 48, 16)]
     assert registry.status("tail") == [Region("tail", key, 48, 16)]
-    assert registry.read("in", 4, 4) == bytes([4, 5, 6, 7])
-    assert registry.read("tail", 0, 16) == bytes(range(48, 64))
-    registry.write("tail", 2, np.array([258], dtype=np.uint16).data)
+    assert _read(registry, "in", 4, 4) == bytes([4, 5, 6, 7])
+    assert _read(registry, "tail", 0, 16) == bytes(range(48, 64))
+    _write(registry, "tail", 2, np.array([258], dtype=np.uint16).data)
     assert _path(key).read_bytes()[50:52] == b"\x02\x01"
 
 
 def test_read_returns_a_copy(registry: SharedMemoryRegistry, make_object: MakeObject) -> None:
     key = make_object(8, b"abcdefgh")
     registry.register("r", key, 0, 8)
-    data = registry.read("r", 0, 8)
-    registry.write("r", 0, b"zzzzzzzz")
+    data = _read(registry, "r", 0, 8)
+    _write(registry, "r", 0, b"zzzzzzzz")
     registry.unregister("r")
     assert data == b"abcdefgh"
 
@@ -92,7 +109,7 @@ def test_offset_need_not_be_page_aligned(registry: SharedMemoryRegistry, make_ob
     key = make_object(size, payload)
     offset = mmap.ALLOCATIONGRANULARITY + 3
     registry.register("r", key, offset, 100)
-    assert registry.read("r", 5, 10) == payload[offset + 5:offset + 15]
+    assert _read(registry, "r", 5, 10) == payload[offset + 5:offset + 15]
 
 
 def test_a_zero_sized_region_registers_but_holds_nothing(registry: SharedMemoryRegistry,
@@ -100,7 +117,7 @@ def test_a_zero_sized_region_registers_but_holds_nothing(registry: SharedMemoryR
     key = make_object(8)
     registry.register("empty", key, 8, 0)
     assert registry.status("empty") == [Region("empty", key, 8, 0)]
-    assert _error(lambda: registry.read("empty", 0, 0)).message == "Invalid offset for shared memory region: 'empty'"
+    assert _error(lambda: _read(registry, "empty", 0, 0)).message == "Invalid offset for shared memory region: 'empty'"
 
 
 def test_duplicate_name(registry: SharedMemoryRegistry, make_object: MakeObject) -> None:
@@ -159,13 +176,12 @@ def test_disabled_registry_refuses_everything_but_status(make_object: MakeObject
     registry = SharedMemoryRegistry(enabled=False)
     key = make_object(8)
     for call in (lambda: registry.register("r", key, 0, 8), lambda: registry.unregister(None),
-                 lambda: registry.unregister("r"), lambda: registry.read("r", 0, 1),
-                 lambda: registry.write("r", 0, b"x"), registry.require_enabled):
+                 lambda: registry.unregister("r"), lambda: _read(registry, "r", 0, 1),
+                 lambda: _write(registry, "r", 0, b"x"), registry.require_enabled):
         error = _error(call)
         assert isinstance(error, Unavailable) and error.message == DISABLED_ERROR
     assert registry.status() == []
-    with registry.hold({"r"}):
-        pass
+    registry.acquire({"r"}).release()  # holds nothing, refuses nothing
 
 
 # ----------------------------------------------------------------------- status / unregister
@@ -194,25 +210,28 @@ def test_unregister_of_a_held_region_waits_for_the_holder(registry: SharedMemory
     key = make_object(16, b"0123456789abcdef")
     registry.register("r", key, 0, 16)
     registry.register("other", key, 0, 16)
-    with registry.hold({"r", "unknown"}):
-        registry.unregister()
-        # Still listed and usable by the request that holds it (Triton's newer behaviour).
-        assert [r.name for r in registry.status()] == ["r"]
-        assert registry.read("r", 0, 4) == b"0123"
-        registry.write("r", 0, b"WXYZ")
-        assert isinstance(_error(lambda: registry.register("r", key, 0, 16)), AlreadyExists)
+    held = registry.acquire({"r", "unknown"})
+    registry.unregister()
+    # Still listed and usable by the request that holds it (Triton's newer behaviour).
+    assert [r.name for r in registry.status()] == ["r"]
+    assert held.read("r", 0, 4) == b"0123"
+    held.write("r", 0, b"WXYZ")
+    assert isinstance(_error(lambda: registry.register("r", key, 0, 16)), AlreadyExists)
+    held.release()
     assert registry.status() == []
-    assert _error(lambda: registry.read("r", 0, 4)).message == "Unable to find shared memory region: 'r'"
+    assert _error(lambda: _read(registry, "r", 0, 4)).message == "Unable to find shared memory region: 'r'"
     assert _path(key).read_bytes()[:4] == b"WXYZ"
 
 
 def test_nested_holds_release_on_the_last(registry: SharedMemoryRegistry, make_object: MakeObject) -> None:
     key = make_object(8)
     registry.register("r", key, 0, 8)
-    with registry.hold({"r"}):
-        with registry.hold({"r"}):
-            registry.unregister("r")
-        assert registry.read("r", 0, 1) == b"\0"
+    outer = registry.acquire({"r"})
+    inner = registry.acquire({"r"})
+    registry.unregister("r")
+    inner.release()
+    assert outer.read("r", 0, 1) == b"\0"
+    outer.release()
     assert registry.status() == []
 
 
@@ -227,17 +246,52 @@ def test_an_acquired_hold_lets_go_once_however_often_released(registry: SharedMe
     first.release()
     first.release()  # the second call does nothing: `second` still holds "r"
     assert [r.name for r in registry.status()] == ["r"]
-    assert registry.read("r", 0, 1) == b"\0"
+    assert _read(registry, "r", 0, 1) == b"\0"
     second.release()
     assert registry.status() == []
+
+
+def test_a_hold_reads_and_writes_the_regions_it_holds(registry: SharedMemoryRegistry,
+                                                     make_object: MakeObject) -> None:
+    """A request's accesses go through its hold: to the regions registered when it was taken,
+    even once unregistered, and to no other (Triton's text for an unknown region)."""
+    key = make_object(8, b"abcdefgh")
+    registry.register("r", key, 0, 8)
+    held = registry.acquire({"r", "not-registered"})
+    registry.register("later", make_object(8), 0, 8)
+    registry.unregister("r")
+    assert held.read("r", 2, 3) == b"cde"
+    held.write("r", 0, b"XY")
+    held.check("r", 4, 4)
+    for name in ("not-registered", "later"):
+        for call in (lambda n=name: held.read(n, 0, 1), lambda n=name: held.write(n, 0, b"1"),
+                     lambda n=name: held.check(n, 0, 1)):
+            error = _error(call)
+            assert isinstance(error, NotFound) and error.message == f"Unable to find shared memory region: '{name}'"
+    held.release()
+    assert [r.name for r in registry.status()] == ["later"]
+    assert isinstance(_error(lambda: held.read("r", 0, 1)), NotFound)  # let go: nothing is held
+    assert _path(key).read_bytes() == b"XYcdefgh"
+
+
+def test_a_hold_on_a_disabled_registry_refuses_access(make_object: MakeObject) -> None:
+    registry = SharedMemoryRegistry(enabled=False)
+    held = registry.acquire({"r"})
+    for call in (lambda: held.read("r", 0, 1), lambda: held.write("r", 0, b"1"), lambda: held.check("r", 0, 1)):
+        error = _error(call)
+        assert isinstance(error, Unavailable) and error.message == DISABLED_ERROR
+    held.release()
 
 
 def test_close_unmaps_everything_even_held(registry: SharedMemoryRegistry, make_object: MakeObject) -> None:
     key = make_object(8)
     registry.register("r", key, 0, 8)
-    with registry.hold({"r"}):
-        registry.close()
-        assert isinstance(_error(lambda: registry.read("r", 0, 1)), NotFound)
+    held = registry.acquire({"r"})
+    registry.close()
+    assert isinstance(_error(lambda: _read(registry, "r", 0, 1)), NotFound)
+    for call in (lambda: held.read("r", 0, 1), lambda: held.write("r", 0, b"1")):
+        assert isinstance(_error(call), NotFound)
+    held.release()
     assert registry.status() == []
 
 
@@ -262,17 +316,20 @@ def test_out_of_bounds_accesses(registry: SharedMemoryRegistry, make_object: Mak
                                 byte_size: int, message: str) -> None:
     key = make_object(128)
     registry.register("r", key, 32, 64)
-    for call in (lambda: registry.read("r", offset, byte_size), lambda: registry.check("r", offset, byte_size)):
+    held = registry.acquire({"r"})
+    for call in (lambda: held.read("r", offset, byte_size), lambda: held.check("r", offset, byte_size)):
         error = _error(call)
         assert isinstance(error, InvalidArgument) and error.message == message
     if byte_size > 0:
-        assert isinstance(_error(lambda: registry.write("r", offset, b"\xff" * min(byte_size, 256))), InvalidArgument)
+        data = b"\xff" * min(byte_size, 256)
+        assert isinstance(_error(lambda: held.write("r", offset, data)), InvalidArgument)
+    held.release()
     assert _path(key).read_bytes() == bytes(128)  # nothing was written anywhere
 
 
 def test_unknown_region_on_access(registry: SharedMemoryRegistry) -> None:
-    for call in (lambda: registry.read("x", 0, 1), lambda: registry.write("x", 0, b"1"),
-                 lambda: registry.check("x", 0, 1)):
+    held = registry.acquire({"x"})
+    for call in (lambda: held.read("x", 0, 1), lambda: held.write("x", 0, b"1"), lambda: held.check("x", 0, 1)):
         error = _error(call)
         assert isinstance(error, NotFound) and error.message == "Unable to find shared memory region: 'x'"
 
@@ -285,13 +342,13 @@ def test_an_object_shrunk_under_a_region_fails_cleanly(registry: SharedMemoryReg
     key = make_object(page * 2)
     registry.register("r", key, 0, page * 2)
     os.truncate(_path(key), 16)
-    assert registry.read("r", 0, 16) == bytes(16)
-    error = _error(lambda: registry.read("r", 0, page + 1))
+    assert _read(registry, "r", 0, 16) == bytes(16)
+    error = _error(lambda: _read(registry, "r", 0, page + 1))
     assert error.message == f"Invalid shared memory region: '{key}'"
     assert error.status is Status.INVALID_ARG
-    registry.write("r", page, b"x")
+    _write(registry, "r", page, b"x")
     assert _path(key).stat().st_size == page + 1
-    assert registry.read("r", page - 1, 2) == b"\0x"
+    assert _read(registry, "r", page - 1, 2) == b"\0x"
 
 
 def test_a_client_truncating_its_object_never_kills_the_server(make_object: MakeObject) -> None:
@@ -313,6 +370,7 @@ from naiad.errors import InvalidArgument
 key, size = sys.argv[1], 1 << 20
 registry = SharedMemoryRegistry(enabled=True)
 registry.register("r", key, 0, size)
+held = registry.acquire({"r"})
 stop = threading.Event()
 def shrink_and_regrow():
     fd = os.open("/dev/shm" + key, os.O_RDWR)
@@ -325,8 +383,8 @@ data = bytes(size)
 deadline = time.monotonic() + 2
 while time.monotonic() < deadline:
     try:
-        registry.read("r", 0, size)
-        registry.write("r", 0, data)
+        held.read("r", 0, size)
+        held.write("r", 0, data)
         done += 1
     except InvalidArgument:
         refused += 1
@@ -339,7 +397,7 @@ def test_unlinked_object_stays_readable(registry: SharedMemoryRegistry, make_obj
     key = make_object(8, b"12345678")
     registry.register("r", key, 0, 8)
     _path(key).unlink()
-    assert registry.read("r", 0, 8) == b"12345678"
+    assert _read(registry, "r", 0, 8) == b"12345678"
 
 
 # ----------------------------------------------------------------------------------- threads
@@ -347,8 +405,9 @@ def test_unlinked_object_stays_readable(registry: SharedMemoryRegistry, make_obj
 
 def test_concurrent_unregister_never_crashes_readers_or_writers(registry: SharedMemoryRegistry,
                                                                 make_object: MakeObject) -> None:
-    """Readers and writers race registrations and unregistrations of the same name: each access
-    either works on a live mapping or fails with NotFound, never touches a closed one."""
+    """Readers and writers (each access through a hold of its own) race registrations and
+    unregistrations of the same name: each access either works on a live region or fails with
+    NotFound, never touches a closed one."""
     key = make_object(4096, b"\x01" * 4096)
     stop = threading.Event()
     failures: list[BaseException] = []
@@ -357,8 +416,8 @@ def test_concurrent_unregister_never_crashes_readers_or_writers(registry: Shared
     def access() -> None:
         while not stop.is_set():
             try:
-                assert registry.read("r", 0, 4096) == b"\x01" * 4096
-                registry.write("r", 0, b"\x01" * 4096)
+                assert _read(registry, "r", 0, 4096) == b"\x01" * 4096
+                _write(registry, "r", 0, b"\x01" * 4096)
                 counts["ok"] += 1
             except NotFound:
                 counts["missing"] += 1
@@ -369,11 +428,18 @@ def test_concurrent_unregister_never_crashes_readers_or_writers(registry: Shared
     threads = [threading.Thread(target=access) for _ in range(4)]
     for thread in threads:
         thread.start()
-    for _ in range(300):
-        registry.register("r", key, 0, 4096)
-        registry.unregister("r")
-    stop.set()
-    for thread in threads:
-        thread.join()
+    registered = 0
+    try:
+        for _ in range(300):
+            try:
+                registry.register("r", key, 0, 4096)
+                registered += 1
+            except AlreadyExists:  # a reader still holds the one unregistered last: listed until it lets go
+                pass
+            registry.unregister("r")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
     assert failures == []
-    assert counts["ok"] + counts["missing"] > 0
+    assert registered > 0 and counts["ok"] + counts["missing"] > 0

@@ -64,6 +64,20 @@ def _bytes_wire(items: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
+def _begun(request: InferRequest, registry: SharedMemoryRegistry) -> InferRequest:
+    """`begin` (inputs read, outputs checked), then let go at once."""
+    shm.begin(request, registry).release()
+    return request
+
+
+def _written(request: InferRequest, response: InferResponse, registry: SharedMemoryRegistry) -> set[str]:
+    held = shm.begin(request, registry)
+    try:
+        return held.write_outputs(response)
+    finally:
+        held.release()
+
+
 def _error(call: Any) -> NaiadError:
     with pytest.raises(NaiadError) as info:
         call()
@@ -130,16 +144,16 @@ def test_uses_shared_memory_and_region_names() -> None:
         np.array([0, 255], dtype=np.uint8),
     ],
 )
-def test_resolve_inputs_fixed_size(registry: SharedMemoryRegistry, region_file: Path, values: np.ndarray) -> None:
+def test_begin_reads_inputs_fixed_size(registry: SharedMemoryRegistry, region_file: Path, values: np.ndarray) -> None:
     datatype = DataType.from_numpy(values.dtype)
     _put(region_file, 40, values.tobytes())
     request = _request([_shm_input(datatype, values.shape, byte_size=values.nbytes, offset=40)])
-    shm.resolve_inputs(request, registry)
+    _begun(request, registry)
     np.testing.assert_array_equal(request.inputs[0].data, values)
     assert request.inputs[0].data.dtype == values.dtype
 
 
-def test_resolve_inputs_bf16_and_bytes(registry: SharedMemoryRegistry, region_file: Path) -> None:
+def test_begin_reads_inputs_bf16_and_bytes(registry: SharedMemoryRegistry, region_file: Path) -> None:
     bf16 = np.array([1.0, -2.5], dtype=ml_dtypes.bfloat16)
     words = [b"", b"a\x00b", "h\u00e9llo".encode()]
     _put(region_file, 0, bf16.tobytes())
@@ -150,25 +164,25 @@ def test_resolve_inputs_bf16_and_bytes(registry: SharedMemoryRegistry, region_fi
                _params("half", len(_bytes_wire(words)), offset=8)),
         Tensor("INPUT2", DataType.INT32, (1,), np.array([7], np.int32)),  # not in shared memory
     ])
-    shm.resolve_inputs(request, registry)
+    _begun(request, registry)
     assert request.inputs[0].data.tolist() == bf16.view(np.uint16).tolist()
     assert request.inputs[1].data.tolist() == [words]
     assert request.inputs[2].data.tolist() == [7]
 
 
-def test_resolve_inputs_size_mismatch_has_the_request_prefix(registry: SharedMemoryRegistry) -> None:
+def test_begin_reads_inputs_size_mismatch_has_the_request_prefix(registry: SharedMemoryRegistry) -> None:
     request = _request([_shm_input(DataType.FP32, (1, 4), byte_size=20)], request_id="abc")
-    error = _error(lambda: shm.resolve_inputs(request, registry))
+    error = _error(lambda: _begun(request, registry))
     assert isinstance(error, InvalidArgument)
     assert error.message == (
         "[request id: abc] input byte size mismatch for input 'INPUT0' for model 'm'. Expected 16, got 20"
     )
 
 
-def test_resolve_inputs_bad_bytes_elements(registry: SharedMemoryRegistry, region_file: Path) -> None:
+def test_begin_reads_inputs_bad_bytes_elements(registry: SharedMemoryRegistry, region_file: Path) -> None:
     _put(region_file, 0, struct.pack("<I", 100) + b"abc")
     request = _request([_shm_input(DataType.BYTES, (1,), byte_size=7)])
-    assert _error(lambda: shm.resolve_inputs(request, registry)).message == (
+    assert _error(lambda: _begun(request, registry)).message == (
         "[request id: <id_unknown>] incomplete string data for inference input 'INPUT0' for model 'm', "
         "expecting string of length 100 but only 3 bytes available"
     )
@@ -185,27 +199,27 @@ def test_resolve_inputs_bad_bytes_elements(registry: SharedMemoryRegistry, regio
          "Invalid offset + byte size for shared memory region: 'half'"),
     ],
 )
-def test_resolve_inputs_region_errors(registry: SharedMemoryRegistry, params: dict[str, Any], kind: type,
+def test_begin_reads_inputs_region_errors(registry: SharedMemoryRegistry, params: dict[str, Any], kind: type,
                                       message: str) -> None:
     request = _request([_shm_input(DataType.FP32, (1, 4), **params)])
-    error = _error(lambda: shm.resolve_inputs(request, registry))
+    error = _error(lambda: _begun(request, registry))
     assert isinstance(error, kind) and error.message == message
 
 
 def test_disabled_registry_refuses_requests_in_shared_memory() -> None:
     registry = SharedMemoryRegistry(enabled=False)
     request = _request([_shm_input(DataType.FP32, (1, 4), byte_size=16)], [RequestedOutput("OUT", _params())])
-    for call in (lambda: shm.resolve_inputs(request, registry), lambda: shm.check_outputs(request, registry)):
-        error = _error(call)
+    for each in (request, _request([], request.outputs)):
+        error = _error(lambda r=each: _begun(r, registry))
         assert isinstance(error, Unavailable) and error.message == DISABLED_ERROR
 
 
 # ---------------------------------------------------------------------------------------- outputs
 
 
-def test_check_outputs(registry: SharedMemoryRegistry) -> None:
+def test_begin_checks_outputs(registry: SharedMemoryRegistry) -> None:
     good = _request([], [RequestedOutput("A", _params(byte_size=16, offset=8)), RequestedOutput("B")])
-    shm.check_outputs(good, registry)
+    _begun(good, registry)
     cases = {
         "Unable to find shared memory region: 'x'": _params("x", 16),
         "Invalid offset for shared memory region: 'half'": _params("half", 16, offset=SIZE // 2),
@@ -213,7 +227,7 @@ def test_check_outputs(registry: SharedMemoryRegistry) -> None:
     }
     for message, params in cases.items():
         request = _request([], [RequestedOutput("A", params)])
-        assert _error(lambda r=request: shm.check_outputs(r, registry)).message == message
+        assert _error(lambda r=request: _begun(r, registry)).message == message
 
 
 def _response(*tensors: Tensor) -> InferResponse:
@@ -230,7 +244,7 @@ def test_write_outputs(registry: SharedMemoryRegistry, region_file: Path) -> Non
     ])
     response = _response(Tensor("A", DataType.INT32, (4,), values), Tensor("B", DataType.BYTES, (2,), words),
                          Tensor("C", DataType.INT32, (1,), np.array([1], np.int32)))
-    assert shm.write_outputs(request, response, registry) == {"A", "B"}
+    assert _written(request, response, registry) == {"A", "B"}
     content = region_file.read_bytes()
     assert content[4:20] == values.tobytes()
     assert content[SIZE // 2:SIZE // 2 + 11] == _bytes_wire([b"x", b"yz"])
@@ -238,8 +252,8 @@ def test_write_outputs(registry: SharedMemoryRegistry, region_file: Path) -> Non
 
 def test_write_outputs_without_shared_memory_outputs(registry: SharedMemoryRegistry) -> None:
     response = _response(Tensor("A", DataType.INT32, (1,), np.array([1], np.int32)))
-    assert shm.write_outputs(_request([]), response, registry) == set()
-    assert shm.write_outputs(_request([], [RequestedOutput("A")]), response, registry) == set()
+    assert _written(_request([]), response, registry) == set()
+    assert _written(_request([], [RequestedOutput("A")]), response, registry) == set()
 
 
 def test_write_outputs_too_small_region_writes_nothing(registry: SharedMemoryRegistry, region_file: Path) -> None:
@@ -247,7 +261,7 @@ def test_write_outputs_too_small_region_writes_nothing(registry: SharedMemoryReg
                                                                                                      offset=64))])
     response = _response(Tensor("B", DataType.INT32, (1,), np.array([5], np.int32)),
                          Tensor("A", DataType.FP32, (16,), np.ones(16, np.float32)))
-    error = _error(lambda: shm.write_outputs(request, response, registry))
+    error = _error(lambda: _written(request, response, registry))
     assert isinstance(error, InternalError) and error.status is Status.INTERNAL
     assert error.message == (
         "shared memory size specified with the request for output 'A' (8 bytes) should be at least 64 bytes to "
@@ -256,24 +270,13 @@ def test_write_outputs_too_small_region_writes_nothing(registry: SharedMemoryReg
     assert region_file.read_bytes() == bytes(SIZE)
 
 
-def test_write_outputs_to_a_region_unregistered_meanwhile(registry: SharedMemoryRegistry) -> None:
-    request = _request([], [RequestedOutput("A", _params(byte_size=4))])
-    registry.unregister("r")
+def test_write_outputs_after_the_server_closed_the_region(registry: SharedMemoryRegistry) -> None:
+    """A held region outlives an unregister, not the server's shutdown: the write is NotFound."""
+    held = shm.begin(_request([], [RequestedOutput("A", _params(byte_size=4))]), registry)
+    registry.close()
     response = _response(Tensor("A", DataType.INT32, (1,), np.array([5], np.int32)))
-    assert isinstance(_error(lambda: shm.write_outputs(request, response, registry)), NotFound)
-
-
-def test_held_request_survives_unregister_all(registry: SharedMemoryRegistry, region_file: Path) -> None:
-    _put(region_file, 0, np.array([3.0], np.float32).tobytes())
-    request = _request([_shm_input(DataType.FP32, (1,), byte_size=4)], [RequestedOutput("OUT", _params("half", 4))])
-    with registry.hold(shm.region_names(request)):
-        registry.unregister()
-        shm.resolve_inputs(request, registry)
-        shm.check_outputs(request, registry)
-        response = _response(Tensor("OUT", DataType.FP32, (1,), request.inputs[0].data * 2))
-        assert shm.write_outputs(request, response, registry) == {"OUT"}
-    assert registry.status() == []
-    assert region_file.read_bytes()[SIZE // 2:SIZE // 2 + 4] == np.array([6.0], np.float32).tobytes()
+    assert isinstance(_error(lambda: held.write_outputs(response)), NotFound)
+    held.release()
 
 
 def test_begin_holds_reads_and_checks_then_lets_go_on_release(registry: SharedMemoryRegistry,
@@ -289,7 +292,7 @@ def test_begin_holds_reads_and_checks_then_lets_go_on_release(registry: SharedMe
     cancelled: list[bool] = []
     cancel = shm.cancelling(lambda: cancelled.append(True), held)
     response = _response(Tensor("OUT", DataType.FP32, (1,), request.inputs[0].data + 1))
-    assert shm.write_outputs(request, response, registry) == {"OUT"}
+    assert held.write_outputs(response) == {"OUT"}
     held.release()  # answered
     cancel()  # and cancelled too: the job is told, the hold is already gone
     assert cancelled == [True]

@@ -11,9 +11,10 @@ would kill the whole server, and a size check before each copy leaves a window i
 client can still truncate; `pread` and `pwrite` on the object's file cannot fault. A read that
 comes up short (the object shrank under the window) is refused; a write inside the registered
 window may grow a shrunk object back to it, and a full /dev/shm is an error, not a fault. Reads
-return copies, writes look the region up at write time, every access is bounds-checked against
-the registered window, and a region that requests still hold (see `hold`) is only closed once
-the last of them lets go.
+return copies, every access is bounds-checked against the registered window, and every access
+goes through a `Hold` (`acquire`): a request's regions, which an unregister only closes once the
+last request holding them lets go (the server's shutdown closes them at once, and a later access
+is then NotFound).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from naiad.errors import AlreadyExists, InternalError, InvalidArgument, NotFound, Unavailable
@@ -149,36 +149,13 @@ class SharedMemoryRegistry:
         for mapping in mappings:
             mapping.close()
 
-    # -- data --------------------------------------------------------------------------------
-
-    def read(self, name: str, offset: int, byte_size: int) -> bytes:
-        """A copy of `byte_size` bytes at `offset` inside region `name` (bounds-checked)."""
-        mapping = self._window(name, offset, byte_size)
-        return mapping.read(offset, byte_size)
-
-    def write(self, name: str, offset: int, data: bytes | memoryview) -> None:
-        """Copy `data` into region `name` at `offset` (bounds-checked)."""
-        mapping = self._window(name, offset, memoryview(data).nbytes)
-        mapping.write(offset, data)
-
-    def check(self, name: str, offset: int, byte_size: int) -> None:
-        """Raise Triton's error when `[offset, offset + byte_size)` is not inside region `name`."""
-        self._window(name, offset, byte_size)
-
-    @contextmanager
-    def hold(self, names: Iterable[str]) -> Iterator[None]:
-        """Keep the named regions (those registered) open while the block runs, even if a
-        client unregisters them meanwhile; an unregister then takes effect when the block ends."""
-        held = self.acquire(names)
-        try:
-            yield
-        finally:
-            held.release()
+    # -- holds (every read and write of a region goes through one) ----------------------------
 
     def acquire(self, names: Iterable[str]) -> Hold:
-        """`hold` for a request answered from a callback rather than inside one block: the named
-        regions stay open until the returned hold's `release`."""
-        return Hold(self, self._acquire(set(names)))
+        """Keep the named regions (those registered) open until the returned hold's `release`,
+        even if a client unregisters them meanwhile (the unregister takes effect then); the hold
+        reads and writes them."""
+        return Hold(self, self._acquire(names))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -187,25 +164,16 @@ class SharedMemoryRegistry:
         if not self.enabled:
             raise Unavailable(DISABLED_ERROR)
 
-    def _window(self, name: str, offset: int, byte_size: int) -> _OpenRegion:
-        self.require_enabled()
-        with self._lock:
-            mapping = self._regions.get(name)
-        if mapping is None:
-            raise NotFound(f"Unable to find shared memory region: '{name}'")
-        _check_window(mapping.region, offset, byte_size)
-        return mapping
-
-    def _acquire(self, names: set[str]) -> list[_OpenRegion]:
+    def _acquire(self, names: Iterable[str]) -> dict[str, _OpenRegion]:
         if not self.enabled:
-            return []
+            return {}
         with self._lock:
-            held = [self._regions[name] for name in names if name in self._regions]
-            for mapping in held:
+            held = {name: self._regions[name] for name in names if name in self._regions}
+            for mapping in held.values():
                 mapping.users += 1
         return held
 
-    def _release(self, held: list[_OpenRegion]) -> None:
+    def _release(self, held: Iterable[_OpenRegion]) -> None:
         with self._lock:
             for mapping in held:
                 mapping.users -= 1
@@ -216,18 +184,39 @@ class SharedMemoryRegistry:
 
 class Hold:
     """Regions one request keeps open (SharedMemoryRegistry.acquire) until `release`, which
-    may be called more than once: a request that is answered and cancelled lets go once."""
+    may be called more than once: a request that is answered and cancelled lets go once.
+
+    `read` (a copy), `write` and `check` (the window only) work on the regions held: those
+    registered when the hold was taken; any other name is NotFound, as an unknown region is.
+    They take no registry lock, since what they use cannot be unregistered under them."""
 
     __slots__ = ("_held", "_registry")
 
-    def __init__(self, registry: SharedMemoryRegistry, held: list[_OpenRegion]) -> None:
+    def __init__(self, registry: SharedMemoryRegistry, held: dict[str, _OpenRegion]) -> None:
         self._registry = registry
-        self._held: list[_OpenRegion] | None = held
+        self._held: dict[str, _OpenRegion] | None = held
+
+    def read(self, name: str, offset: int, byte_size: int) -> bytes:
+        return self._window(name, offset, byte_size).read(offset, byte_size)
+
+    def write(self, name: str, offset: int, data: bytes | memoryview) -> None:
+        self._window(name, offset, memoryview(data).nbytes).write(offset, data)
+
+    def check(self, name: str, offset: int, byte_size: int) -> None:
+        self._window(name, offset, byte_size)
 
     def release(self) -> None:
         held, self._held = self._held, None
         if held:
-            self._registry._release(held)
+            self._registry._release(held.values())
+
+    def _window(self, name: str, offset: int, byte_size: int) -> _OpenRegion:
+        self._registry.require_enabled()
+        mapping = None if self._held is None else self._held.get(name)
+        if mapping is None:
+            raise NotFound(f"Unable to find shared memory region: '{name}'")
+        _check_window(mapping.region, offset, byte_size)
+        return mapping
 
 
 def _check_key(name: str, key: str) -> None:

@@ -2,19 +2,15 @@
 
 A tensor lives in shared memory when its parameters carry `shared_memory_region` (a registered
 region's name), `shared_memory_byte_size` and optionally `shared_memory_offset` (default 0).
-A frontend serving one request does, in this order:
+A frontend serving one request does:
 
-    if uses_shared_memory(request):
-        with registry.hold(region_names(request)):   # unregister waits for this request
-            resolve_inputs(request, registry)         # before server.infer
-            check_outputs(request, registry)
-            response = await server.infer(request)
-            written = write_outputs(request, response, registry)   # when response.error is None
-        # encode the response: outputs in `written` go back without data (no parameters either)
+    if uses_shared_memory(request):                  # cheap; first
+        held = begin(request, registry)              # regions held, inputs read, outputs checked
+        ...  queue the request; when its response comes without error:
+        written = held.write_outputs(response)       # encode the outputs in `written` without data
+        held.release()                               # also (or instead) if the request is cancelled
 
-A frontend answering from a callback (no task per request) does the same in two halves:
-`held = begin(request, registry)` before it queues the request, then, in the callback,
-`write_outputs` and `held.release()`; and `held.release()` if the request is cancelled instead.
+so a region stays open, even if its client unregisters it, until the outputs are written.
 
 Every function raises NaiadError subclasses carrying Triton's texts; the frontend maps them.
 Integer parameters may be Python ints of either sign: like Triton, which reads them as size_t,
@@ -24,8 +20,7 @@ a negative int64 wraps to a huge unsigned value and fails the bounds checks with
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from naiad.core.shared_memory import Hold, SharedMemoryRegistry
 from naiad.errors import InternalError, InvalidArgument, NotFound, Unsupported
@@ -39,9 +34,9 @@ _INT_RANGE = range(-(2**63), 2**64)
 _UINT64 = 2**64
 
 
-@dataclass(frozen=True, slots=True)
-class ShmRef:
-    """Where one tensor lives: `byte_size` bytes at `offset` inside region `region`."""
+class ShmRef(NamedTuple):
+    """Where one tensor lives: `byte_size` bytes at `offset` inside region `region` (a tuple:
+    made for every tensor of every such request, and a frozen dataclass costs twice as much)."""
 
     region: str
     offset: int
@@ -97,45 +92,88 @@ def uses_shared_memory(request: InferRequest) -> bool:
 
 
 def region_names(request: InferRequest) -> set[str]:
-    """The regions a request reads or writes, to `registry.hold` while it runs."""
-    parameters = [t.parameters for t in request.inputs] + [o.parameters for o in request.outputs or ()]
-    return {p[REGION] for p in parameters if isinstance(p.get(REGION), str)}
-
-
-def resolve_inputs(request: InferRequest, registry: SharedMemoryRegistry) -> None:
-    """Replace the data of every input that lives in shared memory with a copy read from its
-    region, checked against the input's datatype and shape (BYTES: 4-byte length + bytes each).
-
-    Errors: registry errors (NotFound, InvalidArgument for offsets and sizes, shared memory
-    disabled), then Triton's byte-size texts prefixed with the request id.
-    """
+    """The regions a request reads or writes, which `begin` holds."""
+    names = set()
     for tensor in request.inputs:
-        ref = shm_ref(tensor.name, tensor.parameters)
-        if ref is None:
-            continue
-        raw = registry.read(ref.region, ref.offset, ref.byte_size)
-        try:
-            tensor.data = tensor_from_raw(tensor.name, tensor.datatype, tensor.shape, raw, request.model_name)
-        except InvalidArgument as error:
-            raise InvalidArgument(_request_prefix(request) + error.message) from None
+        if isinstance(name := tensor.parameters.get(REGION), str):
+            names.add(name)
+    for output in request.outputs or ():
+        if isinstance(name := output.parameters.get(REGION), str):
+            names.add(name)
+    return names
 
 
-def begin(request: InferRequest, registry: SharedMemoryRegistry) -> Hold:
-    """What precedes `server.infer` inside `registry.hold` above, for a request answered from a
-    callback: its regions held, its inputs read, its outputs checked. Raises as `resolve_inputs`
-    and `check_outputs` do, holding nothing then; else the caller releases the hold once the
-    outputs are written, or once the request is cancelled."""
-    held = registry.acquire(region_names(request))
+def begin(request: InferRequest, registry: SharedMemoryRegistry) -> InSharedMemory:
+    """Hold the request's regions, read its inputs from them (each a copy, checked against the
+    input's datatype and shape; BYTES: 4-byte length + bytes each) and check, before inference,
+    that every output asked for in shared memory names a held region and a window inside it, so a
+    bad request fails before it runs (as in Triton).
+
+    Errors, in Triton's order and words: per input, its parameters, then the region (NotFound,
+    InvalidArgument for offsets and sizes, shared memory disabled), then the byte size prefixed
+    with the request id; then per output the same. Nothing stays held after an error; else the
+    caller releases the result once the outputs are written, or once the request is cancelled.
+    """
+    hold = registry.acquire(region_names(request))
     try:
-        resolve_inputs(request, registry)
-        check_outputs(request, registry)
+        for tensor in request.inputs:
+            ref = shm_ref(tensor.name, tensor.parameters)
+            if ref is None:
+                continue
+            raw = hold.read(ref.region, ref.offset, ref.byte_size)
+            try:
+                tensor.data = tensor_from_raw(tensor.name, tensor.datatype, tensor.shape, raw, request.model_name)
+            except InvalidArgument as error:
+                raise InvalidArgument(_request_prefix(request) + error.message) from None
+        outputs: dict[str, ShmRef] = {}
+        for output in request.outputs or ():
+            ref = shm_ref(output.name, output.parameters)
+            if ref is None:
+                continue
+            if "classification" in output.parameters:
+                raise InvalidArgument("Output can't set both 'shared_memory_region' and 'classification'")
+            hold.check(ref.region, ref.offset, ref.byte_size)
+            outputs[output.name] = ref
     except BaseException:
-        held.release()
+        hold.release()
         raise
-    return held
+    return InSharedMemory(hold, outputs)
 
 
-def cancelling(cancel: Callable[[], None], held: Hold) -> Callable[[], None]:
+class InSharedMemory:
+    """A request `begin` accepted: its regions held until `release` (which may be called more
+    than once: a request both answered and cancelled lets go once), its shared-memory outputs
+    remembered for `write_outputs`."""
+
+    __slots__ = ("_hold", "_outputs")
+
+    def __init__(self, hold: Hold, outputs: dict[str, ShmRef]) -> None:
+        self._hold = hold
+        self._outputs = outputs
+
+    def write_outputs(self, response: InferResponse) -> set[str]:
+        """Write every output the request asked for in shared memory into its region; return the
+        names written (encode those without data). Call only for a response without error, before
+        `release`.
+
+        InternalError (HTTP 500, as Triton) when a region is smaller than its output; nothing is
+        written then. NotFound once the server closed the region (it is shutting down).
+        """
+        refs = self._outputs
+        if not refs:
+            return set()
+        payloads = {t.name: tensor_to_raw(t.data, t.datatype) for t in response.outputs if t.name in refs}
+        for name, raw in payloads.items():
+            _check_fits(name, refs[name], memoryview(raw).nbytes)
+        for name, raw in payloads.items():
+            self._hold.write(refs[name].region, refs[name].offset, raw)
+        return set(payloads)
+
+    def release(self) -> None:
+        self._hold.release()
+
+
+def cancelling(cancel: Callable[[], None], held: InSharedMemory) -> Callable[[], None]:
     """What cancels a request begun with `begin`: `cancel` (its job's), then the hold."""
 
     def cancelled() -> None:
@@ -143,37 +181,6 @@ def cancelling(cancel: Callable[[], None], held: Hold) -> Callable[[], None]:
         held.release()
 
     return cancelled
-
-
-def check_outputs(request: InferRequest, registry: SharedMemoryRegistry) -> None:
-    """Check, before inference, that every output asked for in shared memory names a registered
-    region and a window inside it, so a bad request fails before it runs (as in Triton)."""
-    for output in request.outputs or ():
-        ref = shm_ref(output.name, output.parameters)
-        if ref is None:
-            continue
-        if "classification" in output.parameters:
-            raise InvalidArgument("Output can't set both 'shared_memory_region' and 'classification'")
-        registry.check(ref.region, ref.offset, ref.byte_size)
-
-
-def write_outputs(request: InferRequest, response: InferResponse, registry: SharedMemoryRegistry) -> set[str]:
-    """Write every output the request asked for in shared memory into its region; return the
-    names written (encode those without data). Call only for a response without error.
-
-    InternalError (HTTP 500, as Triton) when a region is smaller than its output; nothing is
-    written then. The region is looked up again here, so one unregistered meanwhile (and not
-    held) fails with NotFound instead of being written after it was closed.
-    """
-    refs = {o.name: ref for o in request.outputs or () if (ref := shm_ref(o.name, o.parameters)) is not None}
-    if not refs:
-        return set()
-    payloads = {t.name: tensor_to_raw(t.data, t.datatype) for t in response.outputs if t.name in refs}
-    for name, raw in payloads.items():
-        _check_fits(name, refs[name], memoryview(raw).nbytes)
-    for name, raw in payloads.items():
-        registry.write(refs[name].region, refs[name].offset, raw)
-    return set(payloads)
 
 
 def _check_fits(name: str, ref: ShmRef, size: int) -> None:

@@ -57,12 +57,12 @@ async def infer(server: InferenceServer, request: InferRequest) -> tuple[InferRe
     the response's error."""
     if not shm.uses_shared_memory(request):
         return _checked(await server.infer(request, DECOUPLED_ERROR)), _NOTHING
-    registry = server.shared_memory
-    with registry.hold(shm.region_names(request)):
-        shm.resolve_inputs(request, registry)
-        shm.check_outputs(request, registry)
+    held = shm.begin(request, server.shared_memory)
+    try:
         response = _checked(await server.infer(request, DECOUPLED_ERROR))
-        return response, frozenset(shm.write_outputs(request, response, registry))
+        return response, frozenset(held.write_outputs(response))
+    finally:
+        held.release()
 
 
 async def stream(server: InferenceServer, request: InferRequest) -> AsyncIterator[tuple[InferResponse, frozenset[str]]]:
@@ -72,15 +72,15 @@ async def stream(server: InferenceServer, request: InferRequest) -> AsyncIterato
         async for response in server.stream(request):
             yield response, _NOTHING
         return
-    registry = server.shared_memory
-    with registry.hold(shm.region_names(request)):
-        shm.resolve_inputs(request, registry)
-        shm.check_outputs(request, registry)
+    held = shm.begin(request, server.shared_memory)
+    try:
         async for response in server.stream(request):
             written = _NOTHING
             if response.error is None and response.outputs:
-                written = frozenset(shm.write_outputs(request, response, registry))
+                written = frozenset(held.write_outputs(response))
             yield response, written
+    finally:
+        held.release()
 
 
 def _checked(response: InferResponse) -> InferResponse:

@@ -166,8 +166,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     if response.error is not None:
                         raise as_naiad_error(response.error)
                     reply = (encode_infer_response(response) if held is None else
-                             encode_infer_response(response,
-                                                   shm.write_outputs(decoded, response, self.server.shared_memory)))
+                             encode_infer_response(response, held.write_outputs(response)))
                 except NaiadError as error:
                     call.finish(grpc_code(error.status), error.message)
                     return

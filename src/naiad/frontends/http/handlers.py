@@ -159,15 +159,14 @@ def _infer_shared_memory_now(server: InferenceServer, request: InferRequest,
     identity over shared memory at 32 connections served 0.77x the requests a second; docs/
     benchmarks.md): the regions stay open, even if a client unregisters them, until the outputs
     are written or the request is cancelled."""
-    registry = server.shared_memory
-    held = shm.begin(request, registry)
+    held = shm.begin(request, server.shared_memory)
 
     def answered(response: InferResponse) -> None:
         error = response.error
         written: set[str] = set()
         try:
             if error is None:
-                written = shm.write_outputs(request, response, registry)
+                written = held.write_outputs(response)
         except NaiadError as failed:
             error = failed
         except Exception:  # a bug: answered as the task path answers one
@@ -215,12 +214,12 @@ async def _infer(server: InferenceServer, request: InferRequest) -> InferRespons
 async def _infer_shared_memory(server: InferenceServer, request: InferRequest) -> Reply:
     """Inputs read from and outputs written to registered regions, which stay open until the
     response is written even if a client unregisters them meanwhile."""
-    registry = server.shared_memory
-    with registry.hold(shm.region_names(request)):
-        shm.resolve_inputs(request, registry)
-        shm.check_outputs(request, registry)
+    held = shm.begin(request, server.shared_memory)
+    try:
         response = await _infer(server, request)
-        written = shm.write_outputs(request, response, registry)
+        written = held.write_outputs(response)
+    finally:
+        held.release()
     return _infer_reply(response, request, written)
 
 
