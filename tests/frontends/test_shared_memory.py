@@ -200,7 +200,7 @@ def test_begin_reads_inputs_bad_bytes_elements(registry: SharedMemoryRegistry, r
     ],
 )
 def test_begin_reads_inputs_region_errors(registry: SharedMemoryRegistry, params: dict[str, Any], kind: type,
-                                      message: str) -> None:
+                                          message: str) -> None:
     request = _request([_shm_input(DataType.FP32, (1, 4), **params)])
     error = _error(lambda: _begun(request, registry))
     assert isinstance(error, kind) and error.message == message
