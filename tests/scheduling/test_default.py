@@ -282,3 +282,95 @@ def test_shared_queue_stop_runs_what_is_queued_waits_for_it_then_refuses_new_job
     assert worker.thread is not None and _wait_until(lambda: not worker.thread.is_alive(), 5)
     with pytest.raises(Unavailable):
         scheduler.submit(_job(10))
+
+
+def test_shared_queue_runs_a_job_on_the_submitting_thread_when_an_idle_instance_lets_it():
+    ran: list[tuple[str, threading.Thread]] = []
+    scheduler = _shared([PullWorker(lambda jobs: ran.append((jobs[0].request.id, threading.current_thread())),
+                                    here=True)])
+    scheduler.start()
+    scheduler.submit(_job(0))
+    assert ran == [("0", threading.current_thread())]  # executed before submit returned
+    scheduler.stop()
+
+
+def test_shared_queue_queues_a_job_behind_waiting_ones_instead_of_running_it_here():
+    release = threading.Event()
+    ran: list[tuple[str, bool]] = []
+
+    def runner(jobs: list[Job]) -> None:
+        ran.append((jobs[0].request.id, threading.current_thread() is main))
+        if jobs[0].request.id == "1":
+            release.wait(10)
+
+    main = threading.current_thread()
+    scheduler = _shared([PullWorker(runner, here=True)])
+    scheduler.start()
+    scheduler.submit(_job(0))  # the instance is idle: it runs here
+    submitter = threading.Thread(target=scheduler.submit, args=(_job(1),))
+    submitter.start()  # runs on that thread, and blocks it
+    assert _wait_until(lambda: len(ran) == 2)
+    scheduler.submit(_job(2))  # the instance is busy: queued for its thread
+    scheduler.submit(_job(3))  # one waits ahead: queued too, even once the instance is idle
+    assert scheduler.pending() == 2
+    release.set()
+    submitter.join(10)
+    assert _wait_until(lambda: len(ran) == 4)
+    scheduler.stop()
+    assert ran == [("0", True), ("1", False), ("2", False), ("3", False)]
+
+
+def test_shared_queue_never_runs_more_jobs_at_once_than_there_are_instances():
+    lock = threading.Lock()
+    running: list[int] = [0, 0]  # now, most ever
+    done: list[str] = []
+
+    def runner(jobs: list[Job]) -> None:
+        with lock:
+            running[0] += 1
+            running[1] = max(running)
+        time.sleep(0.0005)
+        with lock:
+            running[0] -= 1
+            done.append(jobs[0].request.id)
+
+    scheduler = _shared([PullWorker(runner, here=True), PullWorker(runner, here=True)])
+    scheduler.start()
+
+    def submit_many(first: int) -> None:
+        for i in range(first, first + 100):
+            scheduler.submit(_job(i))
+
+    submitters = [threading.Thread(target=submit_many, args=(k * 100,)) for k in range(4)]
+    for submitter in submitters:
+        submitter.start()
+    for submitter in submitters:
+        submitter.join(30)
+    assert _wait_until(lambda: len(done) == 400)
+    scheduler.stop()
+    assert sorted(done, key=int) == [str(i) for i in range(400)]  # each once
+    assert running[1] == 2  # both instances were used, never a third job at once
+
+
+def test_shared_queue_stop_waits_for_a_job_running_on_its_submitters_thread():
+    release = threading.Event()
+    ran: list[str] = []
+
+    def runner(jobs: list[Job]) -> None:
+        release.wait(10)
+        ran.append(jobs[0].request.id)
+
+    scheduler = _shared([PullWorker(runner, here=True)])
+    scheduler.start()
+    submitter = threading.Thread(target=scheduler.submit, args=(_job(0),))
+    submitter.start()
+    stopper = threading.Thread(target=scheduler.stop)
+    assert _wait_until(lambda: scheduler._here == 1)
+    stopper.start()
+    time.sleep(0.05)
+    assert stopper.is_alive()  # still executing: stop waits for it
+    release.set()
+    stopper.join(10)
+    assert not stopper.is_alive() and ran == ["0"]
+    with pytest.raises(Unavailable):
+        scheduler.submit(_job(1))

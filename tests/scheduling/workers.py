@@ -81,13 +81,16 @@ class FakeWorker:
 
 class PullWorker:
     """Like a framework backend's instance under the default scheduler (scheduling.base.PullingWorker):
-    its own thread takes the next jobs whenever it is idle and runs `runner(jobs)` (blocking)."""
+    its own thread takes the next jobs whenever it is idle and runs `runner(jobs)` (blocking);
+    with `here`, an idle one also runs jobs on the thread that submits them (`run_here`)."""
 
     depth = 1
 
-    def __init__(self, runner: Callable[[list[Job]], None]) -> None:
+    def __init__(self, runner: Callable[[list[Job]], None], here: bool = False) -> None:
         self.runner = runner
+        self.here = here
         self.thread: threading.Thread | None = None
+        self._executing = threading.Lock()  # one batch at a time, whichever thread runs it
 
     def run(self, jobs: list[Job], executed: Callable[[], None]) -> bool:
         raise AssertionError("a pulling worker is never handed batches")
@@ -95,10 +98,20 @@ class PullWorker:
     def set_on_room(self, callback: Callable[[], None]) -> None:
         pass
 
+    def run_here(self, jobs: list[Job]) -> bool:
+        if not self.here or not self._executing.acquire(blocking=False):
+            return False
+        try:
+            self.runner(jobs)
+        finally:
+            self._executing.release()
+        return True
+
     def pull(self, take: Callable[[], list[Job] | None]) -> None:
         def serve() -> None:
             while (jobs := take()) is not None:
-                self.runner(jobs)
+                with self._executing:
+                    self.runner(jobs)
 
         self.thread = threading.Thread(target=serve, daemon=True)
         self.thread.start()

@@ -23,7 +23,8 @@ Framework backends whose `execute(batch)` blocks get the contract from `Threaded
 (backends/threaded.py): one thread per instance runs their `execute` (or `execute_decoupled`).
 Such an instance `pulls`: under the default scheduler and the dynamic batcher it is not handed
 batches but `serve`s, taking its next batch itself when its thread is idle (the same sender rules
-apply); the sequence batcher and rate-limited instances still `submit`.
+apply); the sequence batcher and rate-limited instances still `submit`. A threaded instance
+that allows it also runs a short batch on the submitting thread when it is idle (`execute_here`).
 The Python backend (model processes), the LLM engine and ensembles implement `submit` directly.
 """
 
@@ -244,6 +245,8 @@ class BatchSender(ABC):
 
 #: what `ModelInstance.serve` calls for its next batch (None: stop serving)
 Take = Callable[[], "tuple[Batch, BatchSender] | None"]
+#: what `ModelInstance.execute_here` calls for the batch it runs
+TakeOne = Callable[[], "tuple[Batch, BatchSender]"]
 
 
 class ModelInstance(ABC):
@@ -270,6 +273,14 @@ class ModelInstance(ABC):
         its submitter one put) and the dynamic batcher (a batch forms when a thread is ready to
         run it) feed instances that run on threads of their own."""
         raise NotImplementedError(f"{type(self).__name__} runs no thread of its own to serve from")
+
+    def execute_here(self, take: TakeOne) -> bool:
+        """For instances that `pulls`: when the instance is idle and allows it, run the batch
+        `take()` returns on the calling thread, now, and return True once it is executed and
+        answered; otherwise return False at once without calling `take`. Every other rule of
+        `submit` holds. The default scheduler uses it to spare a short execution the two thread
+        hand-offs (to the instance's thread and back), which cost more than the execution."""
+        return False
 
     def set_on_room(self, callback: Callable[[], None]) -> None:  # noqa: B027 - optional hook
         """`callback` (from any thread, holding no lock) once the instance can take batches again

@@ -37,6 +37,7 @@ class IdentityInstance(ThreadedInstance):
     def __init__(self, pairs: list[tuple[str, str]], delay_s: float) -> None:
         self.pairs = pairs
         self.delay_s = delay_s
+        self.runs_anywhere = not delay_s  # numpy only, busy: unless it sleeps (execute_delay_ms)
 
     def execute(self, batch: Batch) -> Sequence[RequestResult]:
         if self.delay_s:

@@ -116,6 +116,11 @@ class OnnxRuntimeInstance(ThreadedInstance):
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.model_shapes = {i.name: tuple(i.reshape.shape) for i in config.input if i.HasField("reshape")}
         self.run_options = ort.RunOptions()
+        # An InferenceSession may run on any thread. On the CPU alone, one intra-op thread and
+        # sequential execution, a run is the calling thread's own work: nothing tied to the
+        # instance's thread (a CUDA stream), no pool to wait for.
+        self.runs_anywhere = (providers == ["CPUExecutionProvider"] and options.intra_op_num_threads == 1
+                              and options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL)
 
     @staticmethod
     def _session_options(config: mc.ModelConfig) -> ort.SessionOptions:

@@ -2,7 +2,8 @@
 
 `InstanceWorker.run` turns the jobs a scheduler chose into a `Batch` and its `BatchDelivery`,
 takes the instance's rate-limiter resources (--rate-limit) if it has any, and submits the batch;
-`pull` has an instance with a thread of its own take its jobs from the scheduler instead.
+`pull` has an instance with a thread of its own take its jobs from the scheduler instead, and
+`run_here` has it run a short batch on the calling thread when it is idle.
 An instance that raises instead of answering fails the batch's requests; it never escapes into
 the scheduler.
 """
@@ -50,6 +51,16 @@ class InstanceWorker:
             return Batch([job.request for job in jobs], batched, layout, delivery.is_cancelled), delivery
 
         self.instance.serve(take_batch)
+
+    def run_here(self, jobs: list[Job]) -> bool:
+        """Execute `jobs` as one batch on the calling thread if the instance is idle and lets it
+        (ModelInstance.execute_here); False: nothing happened."""
+
+        def take_batch() -> tuple[Batch, BatchDelivery]:
+            delivery = BatchDelivery(self.responder, jobs, _nothing)
+            return Batch([job.request for job in jobs], self.batched, self.layout, delivery.is_cancelled), delivery
+
+        return self.instance.execute_here(take_batch)
 
     def set_on_room(self, callback: Callable[[], None]) -> None:
         self._on_room = callback

@@ -109,6 +109,11 @@ class PullingWorker(Protocol):
         there are some) whenever it is idle, until `take()` returns None."""
         ...
 
+    def run_here(self, jobs: list[Job]) -> bool:
+        """Execute `jobs` as one batch on the calling thread, now, if the instance is idle and
+        lets it; True once they are executed and answered, False when nothing happened."""
+        ...
+
 
 class Scheduler(ABC):
     @abstractmethod

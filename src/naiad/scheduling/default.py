@@ -5,7 +5,9 @@ Two implementations of the same rules, chosen by what the instances are:
 * `SharedQueueScheduler`, for instances that run on threads of their own (the framework
   backends): requests wait in one C queue and each instance's thread takes the next one as soon
   as it is idle. Submitting is one put (under a lock only stop contends for): no planning,
-  no hand-off beyond the queue.
+  no hand-off beyond the queue. When nothing waits in the queue, an idle instance whose
+  executions are short runs the request on the submitting thread instead (`run_here`): no
+  hand-off at all.
 * `DefaultScheduler`, for the others (model processes, the LLM engine, rate-limited instances):
   a request starts at once from the thread that submits it when an instance has room (fewer
   than its depth of batches); otherwise it waits in one FIFO queue until an instance executes a
@@ -38,6 +40,7 @@ class SharedQueueScheduler(Scheduler):
         self._lock = threading.Lock()
         self._stopped = False
         self._serving = 0  # instance threads still taking jobs
+        self._here = 0  # jobs being run on the threads that submitted them
         self._done = threading.Condition(self._lock)
 
     def start(self) -> None:
@@ -51,7 +54,25 @@ class SharedQueueScheduler(Scheduler):
         with self._lock:
             if self._stopped:
                 raise Unavailable(f"model '{self._name}' is unloading")
-            self._queue.put(job)
+            if not self._queue.empty():  # others wait: this one goes behind them
+                self._queue.put(job)
+                return
+            self._here += 1
+        try:
+            ran = self._run_here([job])
+        finally:
+            with self._lock:
+                self._here -= 1
+                if self._stopped:
+                    self._done.notify_all()
+        if not ran:  # every instance is busy (or not quick): the job waits for their threads
+            with self._lock:
+                if self._stopped:  # behind stop's end marks it would never run
+                    raise Unavailable(f"model '{self._name}' is unloading")
+                self._queue.put(job)
+
+    def _run_here(self, jobs: list[Job]) -> bool:
+        return any(worker.run_here(jobs) for worker in self._workers)
 
     def pending(self) -> int:
         return self._queue.qsize()
@@ -63,7 +84,7 @@ class SharedQueueScheduler(Scheduler):
             self._stopped = True
             for _ in range(self._serving):
                 self._queue.put(None)  # after the jobs queued: they run first
-            if wait and not self._done.wait_for(lambda: self._serving == 0, STOP_WAIT_S):
+            if wait and not self._done.wait_for(lambda: self._serving == 0 == self._here, STOP_WAIT_S):
                 log.warning("scheduler of '%s': instances still busy after %g s", self._name, STOP_WAIT_S)
 
     def _take(self) -> list[Job] | None:
