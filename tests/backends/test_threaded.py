@@ -97,18 +97,22 @@ def test_no_batch_runs_here_before_an_execution_was_timed_or_where_the_instance_
         instance.close()
 
 
-def test_a_slow_instance_runs_nothing_here_from_its_first_slow_execution_on():
+def test_an_instance_turned_slow_runs_nothing_here_until_it_has_been_quick_again():
     instance = _Echo()
     _on_its_thread(instance)
     batch, sender = _batch()
     assert instance.execute_here(lambda: (batch, sender))
-    instance.delay_s = 3 * instance.quick_ns / 1e9
-    _on_its_thread(instance)  # one slow execution is enough
+    instance.delay_s = 8 * instance.quick_ns / 1e9
+    _on_its_thread(instance)  # one execution of 8x the bound lifts the recent figure past it
     assert not instance.execute_here(_batch)
     instance.delay_s = 0.0
-    for _ in range(5):  # a few quick ones are not: the recent figure falls by an eighth of the gap
+    for _ in range(3):  # it falls by an eighth of the gap per execution: still above the bound
         _on_its_thread(instance)
     assert not instance.execute_here(_batch)
+    for _ in range(20):
+        _on_its_thread(instance)
+    batch, sender = _batch()
+    assert instance.execute_here(lambda: (batch, sender))
     instance.close()
 
 

@@ -73,8 +73,11 @@ class ThreadedInstance(ModelInstance):
 
     _thread: threading.Thread | None = None
     _executing: threading.Lock  # held by whichever thread runs a batch on the instance
-    #: the CPU time executions have cost lately (ns; rises at once, falls by an eighth of the gap
-    #: per execution), timed for instances that run anywhere; -1 until one was timed. CPU time,
+    #: the CPU time executions have cost lately (ns), timed for instances that run anywhere; -1
+    #: until one was timed. Each execution moves it a quarter of the way up or an eighth of the
+    #: way down: a model turned slow leaves the caller's thread after an execution or two, and
+    #: one outlier (a page fault, a garbage collection) does not send the next few quick ones
+    #: to the instance's thread (with "up at once", 8 % of the identity's went there). CPU time,
     #: not wall time: on the instance's own thread an execution also waits for the GIL whenever
     #: another thread holds it (the event loop, busy with other requests), which would make a
     #: quick model look slow exactly under load
@@ -189,7 +192,12 @@ class ThreadedInstance(ModelInstance):
         end = time.monotonic_ns()
         if timed:
             took, recent = time.thread_time_ns() - cpu_start, self._recent_ns
-            self._recent_ns = took if took >= recent else recent - (recent - took) // 8
+            if recent < 0:
+                self._recent_ns = took
+            elif took > recent:
+                self._recent_ns = recent + (took - recent) // 4
+            else:
+                self._recent_ns = recent - (recent - took) // 8
         # execute ends by splitting its outputs per request (Batch.split): that is compute_output
         sender.executed(ExecutionTimes(start, input_end, end - batch.split_ns, end))
         for index, result in enumerate(results):
