@@ -29,3 +29,9 @@ def test_bad_configs_fail_the_load():
         _instance('name: "id" input [ { name: "A" data_type: TYPE_INT32 dims: [1] } ]')
     with pytest.raises(InvalidArgument, match="execute_delay_ms must be a number"):
         _instance(CONFIG + 'parameters { key: "execute_delay_ms" value { string_value: "soon" } }')
+
+
+def test_runs_on_the_submitting_thread_unless_it_sleeps():
+    assert _instance().runs_anywhere
+    delayed = CONFIG + 'parameters { key: "execute_delay_ms" value { string_value: "5" } }'
+    assert not _instance(delayed).runs_anywhere  # a sleep would hold the event loop

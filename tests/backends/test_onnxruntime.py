@@ -73,3 +73,14 @@ def test_session_threads_from_config_parameters(tmp_path):
                    'parameters { key: "intra_op_thread_count" value { string_value: "2" } }')
     instance = model.create_instance(mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU), 0)
     assert instance.session.get_session_options().intra_op_num_threads == 2
+
+
+@pytest.mark.parametrize(("extra", "anywhere"), [
+    ("", True),  # one intra-op thread, sequential: a run is the calling thread's own work
+    ('parameters { key: "intra_op_thread_count" value { string_value: "2" } }', False),
+    ('parameters { key: "execution_mode" value { string_value: "1" } }', False),
+])
+def test_only_a_single_threaded_cpu_session_may_run_on_the_submitting_thread(tmp_path, extra, anywhere):
+    model = _model(tmp_path, TensorProto.FLOAT, "TYPE_FP32", extra)
+    instance = model.create_instance(mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU), 0)
+    assert instance.runs_anywhere is anywhere

@@ -279,7 +279,7 @@ class ModelInstance(ABC):
         `take()` returns on the calling thread, now, and return True once it is executed and
         answered; otherwise return False at once without calling `take`. Every other rule of
         `submit` holds. The default scheduler uses it to spare a short execution the two thread
-        hand-offs (to the instance's thread and back), which cost more than the execution."""
+        hand-offs (to the instance's thread and back), which cost as much as the execution."""
         return False
 
     def set_on_room(self, callback: Callable[[], None]) -> None:  # noqa: B027 - optional hook
