@@ -295,29 +295,42 @@ def test_shared_queue_runs_a_job_on_the_submitting_thread_when_an_idle_instance_
 
 
 def test_shared_queue_queues_a_job_behind_waiting_ones_instead_of_running_it_here():
+    ran: list[tuple[str, str]] = []
+    worker = PullWorker(lambda jobs: ran.append((jobs[0].request.id, threading.current_thread().name)))
+    scheduler = _shared([worker])
+    scheduler.submit(_job(0))  # the instance does not let it run here: it waits (no thread yet)
+    worker.here = True
+    scheduler.submit(_job(1))  # it would let this one, but job 0 waits: behind it
+    assert ran == [] and scheduler.pending() == 2
+    scheduler.start()
+    assert _wait_until(lambda: len(ran) == 2)
+    scheduler.stop()
+    assert [job for job, _ in ran] == ["0", "1"]
+    assert all(name != threading.current_thread().name for _, name in ran)  # on the instance's thread
+
+
+def test_shared_queue_a_job_waits_for_the_instances_thread_while_the_instance_is_busy():
     release = threading.Event()
-    ran: list[tuple[str, bool]] = []
+    ran: list[tuple[str, str]] = []
 
     def runner(jobs: list[Job]) -> None:
-        ran.append((jobs[0].request.id, threading.current_thread() is main))
-        if jobs[0].request.id == "1":
+        ran.append((jobs[0].request.id, threading.current_thread().name))
+        if jobs[0].request.id == "0":
             release.wait(10)
 
-    main = threading.current_thread()
-    scheduler = _shared([PullWorker(runner, here=True)])
+    worker = PullWorker(runner, here=True)
+    scheduler = _shared([worker])
     scheduler.start()
-    scheduler.submit(_job(0))  # the instance is idle: it runs here
-    submitter = threading.Thread(target=scheduler.submit, args=(_job(1),))
-    submitter.start()  # runs on that thread, and blocks it
-    assert _wait_until(lambda: len(ran) == 2)
-    scheduler.submit(_job(2))  # the instance is busy: queued for its thread
-    scheduler.submit(_job(3))  # one waits ahead: queued too, even once the instance is idle
-    assert scheduler.pending() == 2
+    submitter = threading.Thread(target=scheduler.submit, args=(_job(0),), name="submitter")
+    submitter.start()  # runs on that thread, and holds the instance
+    assert _wait_until(lambda: len(ran) == 1)
+    scheduler.submit(_job(1))  # the instance is busy: not here, but on its thread once it is free
     release.set()
     submitter.join(10)
-    assert _wait_until(lambda: len(ran) == 4)
+    assert _wait_until(lambda: len(ran) == 2)
     scheduler.stop()
-    assert ran == [("0", True), ("1", False), ("2", False), ("3", False)]
+    assert worker.thread is not None
+    assert ran == [("0", "submitter"), ("1", worker.thread.name)]
 
 
 def test_shared_queue_never_runs_more_jobs_at_once_than_there_are_instances():
@@ -356,7 +369,10 @@ def test_shared_queue_stop_waits_for_a_job_running_on_its_submitters_thread():
     release = threading.Event()
     ran: list[str] = []
 
+    entered = threading.Event()
+
     def runner(jobs: list[Job]) -> None:
+        entered.set()
         release.wait(10)
         ran.append(jobs[0].request.id)
 
@@ -365,7 +381,7 @@ def test_shared_queue_stop_waits_for_a_job_running_on_its_submitters_thread():
     submitter = threading.Thread(target=scheduler.submit, args=(_job(0),))
     submitter.start()
     stopper = threading.Thread(target=scheduler.stop)
-    assert _wait_until(lambda: scheduler._here == 1)
+    assert entered.wait(10)
     stopper.start()
     time.sleep(0.05)
     assert stopper.is_alive()  # still executing: stop waits for it
