@@ -221,22 +221,26 @@ def test_shared_queue_runs_every_job_once_alone_and_in_order_on_one_instance():
 
 def test_shared_queue_an_idle_instance_takes_the_next_job_while_another_is_busy():
     release = threading.Event()
-    slow: list[str] = []
-    fast: list[str] = []
+    ran: list[tuple[str, str]] = []  # (job, instance)
 
-    def blocking(jobs: list[Job]) -> None:
-        slow.append(jobs[0].request.id)
-        release.wait(10)
+    def runner(instance: str):
+        def run(jobs: list[Job]) -> None:
+            ran.append((jobs[0].request.id, instance))
+            if jobs[0].request.id == "0":
+                release.wait(10)
 
-    scheduler = _shared([PullWorker(blocking), PullWorker(lambda jobs: fast.append(jobs[0].request.id))])
+        return run
+
+    scheduler = _shared([PullWorker(runner("a")), PullWorker(runner("b"))])
     scheduler.start()
     scheduler.submit(_job(0))
-    assert _wait_until(lambda: slow or fast)
+    assert _wait_until(lambda: len(ran) == 1)
+    stuck = ran[0][1]  # whichever instance took job 0 is stuck on it
     for i in range(1, 20):
         scheduler.submit(_job(i))
-    # One instance is stuck on a job; the other one serves every job after it.
-    assert _wait_until(lambda: len(slow) + len(fast) == 20)
-    assert len(slow) == 1
+    # The other one serves every job after it.
+    assert _wait_until(lambda: len(ran) == 20)
+    assert {instance for job, instance in ran[1:]} == {"b" if stuck == "a" else "a"}
     release.set()
     scheduler.stop()
 
