@@ -133,3 +133,39 @@ def test_nothing_runs_here_while_the_instances_thread_executes_a_batch():
     assert busy_sender.answered.wait(10)
     assert instance.most_at_once == 1
     instance.close()
+
+
+class _Pausing(_Echo):
+    """Lets go of the GIL inside each execution, so that a second one could start meanwhile."""
+
+    def execute(self, batch: Batch) -> list:
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        time.sleep(0.0002)
+        self.running -= 1
+        return [{"OUTPUT0": r.inputs[0].data} for r in batch.requests]
+
+
+def test_callers_and_the_instances_thread_never_execute_two_batches_at_once():
+    instance = _Pausing()
+    _on_its_thread(instance)
+    answered: list[bool] = []
+    lock = threading.Lock()
+
+    def hammer() -> None:
+        for i in range(200):
+            batch, sender = _batch(float(i))
+            if not instance.execute_here(lambda b=batch, s=sender: (b, s)):
+                instance.submit(batch, sender)  # busy: its thread runs it
+            ok = sender.answered.wait(10)
+            with lock:
+                answered.append(ok)
+
+    callers = [threading.Thread(target=hammer) for _ in range(4)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(60)
+    instance.close()
+    assert len(answered) == 800 and all(answered)
+    assert instance.most_at_once == 1

@@ -41,26 +41,18 @@ class InstanceWorker:
 
     def pull(self, take: Callable[[], list[Job] | None]) -> None:
         """Have the instance's thread run the jobs `take()` returns whenever it is idle."""
-        responder, batched, layout = self.responder, self.batched, self.layout
+        batch_of = self._batch
 
         def take_batch() -> tuple[Batch, BatchDelivery] | None:
             jobs = take()
-            if jobs is None:
-                return None
-            delivery = BatchDelivery(responder, jobs, _nothing)
-            return Batch([job.request for job in jobs], batched, layout, delivery.is_cancelled), delivery
+            return None if jobs is None else batch_of(jobs, _nothing)
 
         self.instance.serve(take_batch)
 
     def run_here(self, jobs: list[Job]) -> bool:
         """Execute `jobs` as one batch on the calling thread if the instance is idle and lets it
         (ModelInstance.execute_here); False: nothing happened."""
-
-        def take_batch() -> tuple[Batch, BatchDelivery]:
-            delivery = BatchDelivery(self.responder, jobs, _nothing)
-            return Batch([job.request for job in jobs], self.batched, self.layout, delivery.is_cancelled), delivery
-
-        return self.instance.execute_here(take_batch)
+        return self.instance.execute_here(lambda: self._batch(jobs, _nothing))
 
     def set_on_room(self, callback: Callable[[], None]) -> None:
         self._on_room = callback
@@ -73,8 +65,7 @@ class InstanceWorker:
             if not rate_limiter.try_acquire(needs, self, self._on_room):
                 return False
             executed = _releasing(executed, rate_limiter, needs)
-        delivery = BatchDelivery(self.responder, jobs, executed)
-        batch = Batch([job.request for job in jobs], self.batched, self.layout, delivery.is_cancelled)
+        batch, delivery = self._batch(jobs, executed)
         try:
             if self.instance.submit(batch, delivery):
                 return True
@@ -86,6 +77,11 @@ class InstanceWorker:
         if limiter is not None:
             limiter[0].release(limiter[1])
         return False
+
+    def _batch(self, jobs: list[Job], executed: Callable[[], None]) -> tuple[Batch, BatchDelivery]:
+        """The batch of `jobs` for the instance, and the sender that answers them."""
+        delivery = BatchDelivery(self.responder, jobs, executed)
+        return Batch([job.request for job in jobs], self.batched, self.layout, delivery.is_cancelled), delivery
 
 
 def _releasing(executed: Callable[[], None], limiter: RateLimiter, needs: Needs) -> Callable[[], None]:
