@@ -1,6 +1,5 @@
 """The engine core behind its pipe: in a thread and in its own process, the same tokens as the
-in-process engine; aborts, rejections, a failing step and a dying process reach the client,
-whether its reader thread or the server's event loop reads the pipe."""
+in-process engine; aborts, rejections, a failing step and a dying process reach the client."""
 
 from __future__ import annotations
 
@@ -9,17 +8,11 @@ import json
 import os
 import queue
 import signal
-import struct
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import uvloop
 
-from naiad.core.server import _BackendHost
 from naiad.llm.engine import engine_core
 from naiad.llm.engine.engine_core import (
     AddRequest,
@@ -29,7 +22,6 @@ from naiad.llm.engine.engine_core import (
     RequestOutput,
     RequestRejected,
     StepOutputs,
-    Watch,
 )
 from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 from naiad.llm.engine.sampling_params import GREEDY, SamplingParams
@@ -44,14 +36,12 @@ def _config(path: Path) -> EngineConfig:
 
 
 class Collector:
-    """The client's callback: every message, in order, on a queue (and the thread it came on)."""
+    """The client's callback: every message, in order, on a queue."""
 
     def __init__(self) -> None:
         self.messages: queue.Queue[CoreMessage] = queue.Queue()
-        self.threads: list[int] = []
 
     def __call__(self, message: CoreMessage) -> None:
-        self.threads.append(threading.get_ident())
         self.messages.put(message)
 
     def until_finished(self, request_ids: set[str], timeout: float = 60) -> dict[str, list[RequestOutput]]:
@@ -189,132 +179,6 @@ def test_a_dead_core_process_fails_the_open_requests(tiny_models: dict[str, Path
 def test_a_core_that_cannot_start_raises_its_reason(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="could not start"):
         EngineClient(EngineConfig(model=tmp_path / "missing"), Collector(), in_process=True)
-
-
-# ------------------------------------------------------------- the server's event loop reads the pipe
-
-
-class Loop:
-    """A uvloop running on a thread of its own, and the server's `watch` on it."""
-
-    def __init__(self) -> None:
-        self.loop = uvloop.new_event_loop()
-        self.runner = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.runner.start()
-        self.watch: Watch = _BackendHost(SimpleNamespace(loop=self.loop)).watch  # type: ignore[arg-type]
-        self.thread = self.run(threading.get_ident)
-
-    def run(self, call: object) -> object:
-        """`call()` on the loop's thread; its result."""
-        done: queue.Queue[object] = queue.Queue()
-        self.loop.call_soon_threadsafe(lambda: done.put(call()))  # type: ignore[operator]
-        return done.get(timeout=10)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.runner.join(10)
-        self.loop.close()
-
-
-@pytest.fixture
-def loop() -> Iterator[Loop]:
-    running = Loop()
-    yield running
-    running.close()
-
-
-def test_the_event_loop_reads_the_cores_outputs(tiny_models: dict[str, Path], in_process: bool, loop: Loop) -> None:
-    expected = LLMEngine(_config(tiny_models["llama"])).generate(PROMPTS, max_tokens=9, sampling_params=GREEDY)
-    collector = Collector()
-    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=in_process, watch=loop.watch)
-    try:
-        assert client._reader is None  # no thread of its own: the loop reads
-        for i, prompt in enumerate(PROMPTS):
-            client.add(AddRequest(f"r{i}", prompt, 9, GREEDY))
-        outputs = collector.until_finished({"r0", "r1", "r2"})
-        for i in range(len(PROMPTS)):
-            assert [t for piece in outputs[f"r{i}"] for t in piece.new_token_ids] == expected[i]
-            assert len(outputs[f"r{i}"]) > 1
-        assert set(collector.threads) == {loop.thread}
-    finally:
-        client.close()
-    assert not client.is_alive()
-
-
-def test_messages_split_over_many_reads_arrive_whole_and_in_order(
-    tiny_models: dict[str, Path], loop: Loop, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(engine_core, "READ_SIZE", 3)  # every message takes several wake-ups of the loop
-    expected = LLMEngine(_config(tiny_models["llama"])).generate(PROMPTS, max_tokens=6, sampling_params=GREEDY)
-    collector = Collector()
-    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=True, watch=loop.watch)
-    try:
-        for i, prompt in enumerate(PROMPTS):
-            client.add(AddRequest(f"r{i}", prompt, 6, GREEDY))
-        outputs = collector.until_finished({"r0", "r1", "r2"})
-        for i in range(len(PROMPTS)):
-            assert [t for piece in outputs[f"r{i}"] for t in piece.new_token_ids] == expected[i]
-    finally:
-        client.close()
-
-
-def test_a_dead_core_is_reported_off_the_loop_which_stops_watching_its_pipe(
-    tiny_models: dict[str, Path], loop: Loop
-) -> None:
-    collector = Collector()
-    exits: list[tuple[str, int]] = []
-    reads: list[int] = []  # each call of the client's readable callback
-    stops: list[int] = []  # the thread of each call of the stop function the watch returned
-
-    def watch(fd: int, on_readable: object) -> object:
-        def counted() -> None:
-            reads.append(fd)
-            on_readable()  # type: ignore[operator]
-
-        stop = loop.watch(fd, counted)
-        assert stop is not None
-
-        def recorded() -> None:
-            stops.append(threading.get_ident())
-            stop()
-
-        return recorded
-
-    client = EngineClient(_config(tiny_models["llama"]), collector, watch=watch,  # type: ignore[arg-type]
-                          on_exit=lambda cause: exits.append((cause, threading.get_ident())))
-    try:
-        client.add(AddRequest("a", PROMPTS[2], 80, GREEDY))
-        assert isinstance(collector.messages.get(timeout=30), StepOutputs)
-        os.kill(client._core.pid, signal.SIGKILL)  # type: ignore[union-attr]
-        message = collector.messages.get(timeout=30)
-        while not isinstance(message, EngineFailed):
-            message = collector.messages.get(timeout=30)
-        assert message.request_ids == ["a"] and "exited" in message.message
-        # Waiting for the process (up to seconds) and the restart's callback stay off the loop.
-        (cause, exit_thread), = exits
-        assert "exited" in cause and exit_thread != loop.thread
-        assert collector.threads[-1] == exit_thread
-        # The loop stopped watching at the end of the pipe, itself: an ended pipe stays readable,
-        # and a watch left on it would call back on every turn of the loop.
-        assert stops[:1] == [loop.thread]
-        seen = len(reads)
-        time.sleep(0.3)
-        assert len(reads) == seen
-        with pytest.raises(RuntimeError, match="not running"):
-            client.add(AddRequest("b", PROMPTS[0], 2, GREEDY))
-    finally:
-        client.close()
-
-
-def test_a_frame_is_found_only_once_all_of_it_is_there() -> None:
-    payload = b"0123456789"
-    short = struct.pack("!i", len(payload)) + payload
-    long = struct.pack("!i", -1) + struct.pack("!Q", len(payload)) + payload  # over 2 GiB, as send_bytes frames it
-    for framed, begin in ((short, 4), (long, 12)):
-        buffer = bytearray(b"xx" + framed + b"yy")
-        for cut in range(2, len(framed) + 2):
-            assert engine_core._frame_at(buffer[:cut], 2) is None
-        assert engine_core._frame_at(buffer, 2) == (2 + begin, 2 + begin + len(payload))
 
 
 def test_messages_decode_to_their_types() -> None:
