@@ -64,3 +64,33 @@ def test_a_watch_stopped_by_an_unloading_thread_and_by_the_loop_leaves_a_reused_
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_a_writable_watch_calls_back_while_there_is_room_and_stops_when_told() -> None:
+    loop = uvloop.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever)
+    runner.start()
+    host = _BackendHost(SimpleNamespace(loop=loop))  # type: ignore[arg-type]
+    ours, theirs = socket.socketpair()
+    calls: list[int] = []
+    called = threading.Event()
+
+    def on_writable() -> None:
+        calls.append(threading.get_ident())
+        called.set()
+
+    try:
+        stop = host.watch_writable(ours.fileno(), on_writable)
+        assert stop is not None
+        assert called.wait(5)  # an empty socket has room
+        stop()
+        seen = len(calls)
+        time.sleep(0.2)
+        assert len(calls) == seen  # stopped: no more calls though the room stays
+        assert set(calls) == {runner.ident}  # on the loop's thread
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        loop.close()
+        ours.close()
+        theirs.close()

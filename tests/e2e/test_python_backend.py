@@ -10,6 +10,7 @@ import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +89,93 @@ def test_many_concurrent_requests_all_answered_correctly(server: ServerProcess) 
                                                         tensor("http", "INPUT1", b, "FP32")])))
     for i, call in pending:
         np.testing.assert_array_equal(call.get_result().as_numpy("OUTPUT0"), i + np.arange(4, dtype=np.float32))
+
+
+_LARGE_ECHO_CONFIG = """
+name: "large_echo"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "A" data_type: TYPE_FP32 dims: [ 4096 ] },
+  { name: "B" data_type: TYPE_FP32 dims: [ 4096 ] },
+  { name: "C" data_type: TYPE_FP32 dims: [ 4096 ] },
+  { name: "D" data_type: TYPE_FP32 dims: [ 3072 ] }
+]
+output [
+  { name: "A" data_type: TYPE_FP32 dims: [ 4096 ] },
+  { name: "B" data_type: TYPE_FP32 dims: [ 4096 ] },
+  { name: "C" data_type: TYPE_FP32 dims: [ 4096 ] },
+  { name: "TWICE_A" data_type: TYPE_FP32 dims: [ 4096 ] }
+]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+_LARGE_ECHO_MODEL = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.05)  # slow enough for the server to queue several requests for it
+        responses = []
+        for request in requests:
+            a, b, c = (pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in "ABC")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("A", a), pb_utils.Tensor("B", b),
+                                                         pb_utils.Tensor("C", c), pb_utils.Tensor("TWICE_A", 2 * a)]))
+        return responses
+"""
+
+
+def test_large_requests_and_answers_in_flight_never_stop_the_server(tmp_path: Path) -> None:
+    """60 kB requests and 64 kB answers, 16 at a time, to a model that takes 50 ms: the server
+    queues more for the model process than the socket holds, while the model's answers fill the
+    other direction. Before, the event loop waited for the model to read while the model waited
+    for the loop to read its answer: every client of every model stopped being served."""
+    model = tmp_path / "repo" / "large_echo"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(_LARGE_ECHO_CONFIG)
+    (model / "1" / "model.py").write_text(_LARGE_ECHO_MODEL)
+    answered: list[int] = []
+    failures: list[str] = []
+
+    def send(index: int) -> None:
+        http = httpclient.InferenceServerClient(server.url, network_timeout=WAIT)
+        for round_ in range(3):
+            arrays = {name: np.full(3072 if name == "D" else 4096, index * 10 + round_, dtype=np.float32)
+                      for name in "ABCD"}
+            try:
+                result = http.infer("large_echo", [tensor("http", name, array, "FP32")
+                                                   for name, array in arrays.items()])
+            except Exception as error:
+                failures.append(str(error))
+                return
+            for name in "ABC":
+                np.testing.assert_array_equal(result.as_numpy(name), arrays[name])
+            np.testing.assert_array_equal(result.as_numpy("TWICE_A"), 2 * arrays["A"])
+            answered.append(index)
+
+    with running_server(["--model-repository", str(tmp_path / "repo")], tmp_path / "naiad.log") as server:
+        senders = [threading.Thread(target=send, args=(i,)) for i in range(16)]
+        for sender in senders:
+            sender.start()
+        health: list[float] = []  # another client's health checks while the requests run
+        while any(sender.is_alive() for sender in senders) and not failures:
+            began = time.monotonic()
+            try:
+                status = server.get("/v2/health/live")
+            except OSError as error:
+                failures.append(f"health check: {error}")
+                break
+            health.append(time.monotonic() - began)
+            assert status == 200
+            time.sleep(0.05)
+        for sender in senders:
+            sender.join(WAIT)
+    assert not failures, failures[:3]
+    assert len(answered) == 48
+    assert max(health) < 1.0, f"a health check waited {max(health):.2f} s"
 
 
 def _stream_answers(server: ServerProcess, model: str, inputs: list[Any], count: int,

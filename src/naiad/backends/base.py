@@ -93,6 +93,11 @@ class Host(Protocol):
         only once the loop no longer watches `fd`, so the caller may close it next."""
         ...
 
+    def watch_writable(self, fd: int, on_writable: Callable[[], None]) -> Callable[[], None] | None:
+        """`watch` for room to write: `on_writable` is called from the event loop while `fd` can
+        take more bytes, until the returned function stops it."""
+        ...
+
 
 def never_cancelled(index: int) -> bool:
     return False

@@ -472,21 +472,33 @@ class _BackendHost:
         loop = self._server.loop
         if loop is None or loop.is_closed():
             return None
-        _on_loop(loop, loop.add_reader, fd, on_readable)
-        watching = [True]  # read and written on the loop's thread only
+        return _watch(loop, fd, on_readable, loop.add_reader, loop.remove_reader)
 
-        def remove() -> None:
-            # Once: a second remove queued by another thread may run after the first caller
-            # closed `fd` and the loop reused its number for a client's connection.
-            if watching[0]:
-                watching[0] = False
-                loop.remove_reader(fd)
+    def watch_writable(self, fd: int, on_writable: Callable[[], None]) -> Callable[[], None] | None:
+        loop = self._server.loop
+        if loop is None or loop.is_closed():
+            return None
+        return _watch(loop, fd, on_writable, loop.add_writer, loop.remove_writer)
 
-        def stop() -> None:
-            if not loop.is_closed():
-                _on_loop(loop, remove)
 
-        return stop
+def _watch(loop: asyncio.AbstractEventLoop, fd: int, callback: Callable[[], None],
+           add: Callable[..., Any], remove_watch: Callable[[int], Any]) -> Callable[[], None]:
+    """`add(fd, callback)` on the loop, and the function that undoes it (see Host.watch)."""
+    _on_loop(loop, add, fd, callback)
+    watching = [True]  # read and written on the loop's thread only
+
+    def remove() -> None:
+        # Once: a second remove queued by another thread may run after the first caller
+        # closed `fd` and the loop reused its number for a client's connection.
+        if watching[0]:
+            watching[0] = False
+            remove_watch(fd)
+
+    def stop() -> None:
+        if not loop.is_closed():
+            _on_loop(loop, remove)
+
+    return stop
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[..., Any], *args: Any) -> None:

@@ -109,6 +109,86 @@ def test_descriptors_travel_with_their_segment_message() -> None:
     os.close(received)
 
 
+def _loop_end(sock: socket.socket) -> tuple[p.Channel, list[int]]:
+    """A channel as the server's event loop holds it: non-blocking, never waiting to send;
+    the list counts the backlogs it started."""
+    channel = p.Channel(sock)
+    channel.set_nonblocking()
+    channel.wait_when_full(False)
+    started: list[int] = []
+    channel.on_backlog = lambda: started.append(1)
+    return channel, started
+
+
+def _receive(channel: p.Channel, count: int, into: list[p.Message]) -> threading.Thread:
+    """A reader thread taking `count` messages (and the descriptors that come with them)."""
+
+    def read() -> None:
+        for _ in range(count):
+            message = channel.recv()
+            into.append(message)
+            if isinstance(message, p.Segment):
+                into.append(p.Log(0, os.pread(fd := channel.take_fd(), 6, 0).decode(), "fd", fd))
+                os.close(fd)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _send_backlog_until_read(sender: p.Channel, reader: threading.Thread) -> None:
+    """What the event loop does when the socket has room, until the reader has everything."""
+    deadline = time.monotonic() + 10
+    while reader.is_alive() and time.monotonic() < deadline:
+        sender.send_backlog()
+        time.sleep(0.001)
+    assert not reader.is_alive()
+
+
+def test_a_loop_end_never_waits_for_a_reader_and_keeps_what_it_could_not_send_in_order() -> None:
+    left, right = socket.socketpair()
+    sender, started = _loop_end(left)
+    logs = [p.Log(0, f"{i}" * 100_000, "f", i) for i in range(8)]  # 800 kB: far past the socket's buffer
+    began = time.monotonic()
+    for message in logs:
+        sender.send(message)  # nobody reads yet: a blocking send would never return
+    assert time.monotonic() - began < 1
+    assert started == [1]  # one backlog, started once
+    assert not sender.send_backlog()  # still no room
+    received: list[p.Message] = []
+    _send_backlog_until_read(sender, _receive(p.Channel(right), len(logs), received))
+    assert received == logs
+    assert sender.send_backlog()  # empty now
+    sender.send(p.Log(0, "after", "f", 9))  # straight out again: no new backlog
+    assert started == [1]
+    assert p.Channel(right).recv() == p.Log(0, "after", "f", 9)
+
+
+def test_descriptors_wait_in_the_backlog_with_their_message() -> None:
+    left, right = socket.socketpair()
+    sender, started = _loop_end(left)
+    sender.send(p.Log(0, "x" * 1_000_000, "f", 1))  # fills the socket: the rest waits
+    fd = os.memfd_create("test")
+    os.write(fd, b"shared")
+    sender.send(p.Segment(0, 6), fds=(fd,))  # behind it, with its descriptor
+    os.close(fd)
+    assert started == [1]
+    received: list[p.Message] = []
+    _send_backlog_until_read(sender, _receive(p.Channel(right), 2, received))
+    assert received[0] == p.Log(0, "x" * 1_000_000, "f", 1)
+    assert received[1] == p.Segment(0, 6)
+    assert isinstance(received[2], p.Log) and received[2].message == "shared"
+
+
+def test_a_closed_peer_fails_the_backlog_as_a_closed_channel() -> None:
+    left, right = socket.socketpair()
+    sender, _ = _loop_end(left)
+    sender.send(p.Log(0, "x" * 1_000_000, "f", 1))
+    right.close()
+    with pytest.raises(p.ChannelClosed):
+        sender.send_backlog()
+
+
 def test_bytes_tensors_round_trip() -> None:
     values = np.array([[b"", "héllo".encode()], [b"\x00\xff", b"x" * 1000]], dtype=object)
     restored = p.deserialize_bytes(p.serialize_bytes(values), values.shape)

@@ -193,7 +193,8 @@ class PythonInstance(ModelInstance):
             self._probes_ready = ready.probes_ready
             self._healthy.notify_all()
         host = self.model.host
-        process.run(self._on_message, lambda: self._on_exit(process), host.watch if host is not None else None)
+        process.run(self._on_message, lambda: self._on_exit(process), host.watch if host is not None else None,
+                    host.watch_writable if host is not None else None)
 
     def _on_exit(self, process: StubProcess) -> None:
         """The model process is gone: fail what it held, then start a new one (unless closing)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import array
 import collections
 import contextlib
+import os
 import select
 import socket
 import struct
@@ -213,7 +214,13 @@ class ChannelClosed(Exception):
 
 class Channel:
     """Length-prefixed msgpack messages on a Unix stream socket; `send` is thread-safe, `recv`
-    belongs to one reader thread. File descriptors ride on `send(..., fds=...)`."""
+    belongs to one reader thread. File descriptors ride on `send(..., fds=...)`.
+
+    A channel read by an event loop (`wait_when_full(False)`) never waits to send: what the
+    socket cannot take now stays in a backlog, in order, and `on_backlog` is called once the
+    backlog starts so that the loop sends the rest (`send_backlog`) when the socket has room.
+    The loop is the only reader of the model's answers: were it to wait for the model to read
+    while the model waits for it to read an answer, the whole server would stop."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -222,6 +229,9 @@ class Channel:
         self._send_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._out = bytearray()  # reused for every frame (under the send lock)
+        self._wait_when_full = True
+        self._backlog: collections.deque[tuple[bytes, tuple[int, ...]]] = collections.deque()
+        self.on_backlog: Callable[[], None] | None = None  # called when a backlog starts
         # Incoming bytes land in one reused buffer between _start and _end: no allocation per read.
         self._in = bytearray(_READ_SIZE)
         self._view = memoryview(self._in)  # (kept: one view per buffer, not one per read; _fill replaces both)
@@ -238,6 +248,7 @@ class Channel:
 
     def send_many(self, messages: tuple[Message, ...] | list[Message], fds: tuple[int, ...] = ()) -> None:
         """Write the messages in one go (one system call for all of them)."""
+        started = False
         with self._send_lock:
             out = self._out
             out.clear()
@@ -245,21 +256,64 @@ class Channel:
                 start = len(out)
                 self._encoder.encode_into(message, out, start + 4)
                 _LENGTH.pack_into(out, start, len(out) - start - 4)
-            try:
-                if fds:
-                    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                    sent = self._retry(self.sock.sendmsg, [out], ancillary)
-                else:
-                    try:
-                        sent = self.sock.send(out)  # most writes: all of it at once
-                    except BlockingIOError:
-                        sent = 0
-                if sent < len(out):
-                    with memoryview(out) as view:
-                        while sent < len(out):
-                            sent += self._retry(self.sock.send, view[sent:])
-            except OSError as error:
-                raise ChannelClosed(str(error)) from error
+            if not self._wait_when_full:
+                if self._backlog:  # behind what waits already
+                    self._backlog.append((bytes(out), _own(fds)))
+                    return
+                sent = self._send_some(out, fds)
+                if sent == len(out):
+                    return
+                self._backlog.append((bytes(out[sent:]), _own(fds) if sent == 0 else ()))
+                started = True
+            else:
+                try:
+                    if fds:
+                        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                        sent = self._retry(self.sock.sendmsg, [out], ancillary)
+                    else:
+                        try:
+                            sent = self.sock.send(out)  # most writes: all of it at once
+                        except BlockingIOError:
+                            sent = 0
+                    if sent < len(out):
+                        with memoryview(out) as view:
+                            while sent < len(out):
+                                sent += self._retry(self.sock.send, view[sent:])
+                except OSError as error:
+                    raise ChannelClosed(str(error)) from error
+        if started and self.on_backlog is not None:  # outside the lock: it may wait for the loop
+            self.on_backlog()
+
+    def wait_when_full(self, wait: bool) -> None:
+        """False for a non-blocking socket read by an event loop: sends never wait (see the class)."""
+        self._wait_when_full = wait
+
+    def send_backlog(self) -> bool:
+        """Send what the backlog holds, as far as the socket takes it now; True once it is empty."""
+        with self._send_lock:
+            while self._backlog:
+                data, fds = self._backlog[0]
+                sent = self._send_some(data, fds)
+                if sent and fds:
+                    _close_all(fds)  # they went with the first byte
+                if sent < len(data):
+                    self._backlog[0] = (data[sent:], fds if sent == 0 else ())
+                    return False
+                self._backlog.popleft()
+            return True
+
+    def _send_some(self, data: bytes | bytearray, fds: tuple[int, ...]) -> int:
+        """One write that takes what the (non-blocking) socket has room for; descriptors go with
+        its first byte."""
+        try:
+            if fds:
+                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                return self.sock.sendmsg([data], ancillary)
+            return self.sock.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError as error:
+            raise ChannelClosed(str(error)) from error
 
     def _retry(self, write: Callable[..., int], *args: Any) -> int:
         """One write; on a non-blocking socket with a full buffer, wait until it can take more."""
@@ -376,6 +430,21 @@ class Channel:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
             self.sock.close()
+        with self._send_lock:
+            for _, fds in self._backlog:
+                _close_all(fds)
+            self._backlog.clear()
+
+
+def _own(fds: tuple[int, ...]) -> tuple[int, ...]:
+    """Copies of descriptors that wait in a backlog: the caller may close its own meanwhile."""
+    return tuple(os.dup(fd) for fd in fds)
+
+
+def _close_all(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def flat_frees(items: list[tuple[int, int]]) -> list[int]:
