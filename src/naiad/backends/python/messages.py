@@ -268,8 +268,7 @@ class Channel:
             else:
                 try:
                     if fds:
-                        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                        sent = self._retry(self.sock.sendmsg, [out], ancillary)
+                        sent = self._retry(self.sock.sendmsg, [out], _carrying(fds))
                     else:
                         try:
                             sent = self.sock.send(out)  # most writes: all of it at once
@@ -307,8 +306,7 @@ class Channel:
         its first byte."""
         try:
             if fds:
-                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                return self.sock.sendmsg([data], ancillary)
+                return self.sock.sendmsg([data], _carrying(fds))
             return self.sock.send(data)
         except BlockingIOError:
             return 0
@@ -434,6 +432,11 @@ class Channel:
             for _, fds in self._backlog:
                 _close_all(fds)
             self._backlog.clear()
+
+
+def _carrying(fds: tuple[int, ...]) -> list[tuple[int, int, array.array[int]]]:
+    """sendmsg's ancillary data that passes the descriptors to the peer (SCM_RIGHTS)."""
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
 
 
 def _own(fds: tuple[int, ...]) -> tuple[int, ...]:

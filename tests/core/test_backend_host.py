@@ -1,4 +1,4 @@
-"""The server's side of the backend contract (`_BackendHost`) where it touches the event loop."""
+"""The server's side of the backend contract (`BackendHost`) where it touches the event loop."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import uvloop
 
-from naiad.core.server import _BackendHost
+from naiad.core.backend_host import BackendHost
 
 
 def test_a_watch_stopped_by_an_unloading_thread_and_by_the_loop_leaves_a_reused_number_watched() -> None:
@@ -23,7 +23,7 @@ def test_a_watch_stopped_by_an_unloading_thread_and_by_the_loop_leaves_a_reused_
     loop.set_exception_handler(lambda _, context: errors.append(context))
     runner = threading.Thread(target=loop.run_forever)
     runner.start()
-    host = _BackendHost(SimpleNamespace(loop=loop))  # type: ignore[arg-type]
+    host = BackendHost(SimpleNamespace(loop=loop))  # type: ignore[arg-type]
     model, model_peer = socket.socketpair()
     stop = host.watch(model.fileno(), lambda: None)
     assert stop is not None
@@ -70,7 +70,7 @@ def test_a_writable_watch_calls_back_while_there_is_room_and_stops_when_told() -
     loop = uvloop.new_event_loop()
     runner = threading.Thread(target=loop.run_forever)
     runner.start()
-    host = _BackendHost(SimpleNamespace(loop=loop))  # type: ignore[arg-type]
+    host = BackendHost(SimpleNamespace(loop=loop))  # type: ignore[arg-type]
     ours, theirs = socket.socketpair()
     calls: list[int] = []
     called = threading.Event()
