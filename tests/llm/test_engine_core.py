@@ -8,6 +8,7 @@ import json
 import os
 import queue
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -172,6 +173,32 @@ def test_a_dead_core_process_fails_the_open_requests(tiny_models: dict[str, Path
         assert not client.is_alive()
         with pytest.raises(RuntimeError, match="not running"):
             client.add(AddRequest("b", PROMPTS[0], 2, GREEDY))
+    finally:
+        client.close()
+
+
+def test_a_core_that_is_not_reading_never_makes_the_sender_wait(tiny_models: dict[str, Path]) -> None:
+    """The server's event loop adds requests; a core in a long step reads nothing until it ends.
+    A prompt larger than the pipe's buffer must not hold the caller until then (it did: a plain
+    blocking write). Here the core process is stopped outright while a 4 MB prompt is added."""
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector)
+    pid = client._core.pid  # type: ignore[union-attr]
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    huge = AddRequest("huge", [1] * 4_000_000, 2, GREEDY)  # msgpack: ~4 MB, the pipe holds ~200 kB
+    sender = threading.Thread(target=lambda: (client.add(huge), client.add(AddRequest("after", PROMPTS[0], 2, GREEDY))))
+    try:
+        sender.start()
+        sender.join(5)  # on a thread: a sender that waits fails the test instead of hanging it
+        assert not sender.is_alive(), "add() waited for the core to read"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        sender.join(30)
+    try:
+        rejected = collector.messages.get(timeout=30)  # in order: the huge one first, too long to run
+        assert isinstance(rejected, RequestRejected) and rejected.request_id == "huge"
+        assert collector.until_finished({"after"})["after"][-1].finish_reason == "length"
     finally:
         client.close()
 

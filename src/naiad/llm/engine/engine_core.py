@@ -10,8 +10,10 @@ drains the messages that are waiting (adds, aborts), runs one step and sends its
 without sleeping. A request whose grammar (structured outputs) is new waits for it on a thread
 of its own: a large JSON schema compiles for seconds, which on the loop would stall every stream
 (see `_add`). `EngineClient` is the server's end: it starts the core (in a process, or in
-a thread for tests and debugging), sends requests and aborts, and hands every message the
-core sends to a callback on its reader thread. If the core process dies, the callback gets
+a thread for tests and debugging), sends requests and aborts from a writer thread (so that the
+server's event loop, which adds requests, never waits for a core that is in a step and not
+reading: a long prompt is larger than the pipe holds), and hands every message the core sends to a
+callback on its reader thread. If the core process dies, the callback gets
 `EngineFailed` for every request still open, the client stops accepting work, and `on_exit`
 is told why (the llm backend's supervisor then starts a fresh core: `naiad.backends.llm_supervisor`).
 
@@ -24,8 +26,10 @@ replaced before the next request rather than failing it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
+import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -320,7 +324,10 @@ class EngineClient:
         self._on_exit = on_exit
         self._last_failure = ""  # the core's latest EngineFailed not followed by a good step
         self._conn, core_end = multiprocessing.Pipe(duplex=True)
-        self._send_lock = threading.Lock()
+        # What goes to the core, in order; None stops the writer (see `_send`).
+        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write, name=f"{name}-inputs", daemon=True)
+        self._writer.start()
         self._open: set[str] = set()  # request ids sent and not yet finished, rejected or aborted
         self._open_lock = threading.Lock()
         self.alive = True
@@ -363,11 +370,17 @@ class EngineClient:
         self._send(AbortRequests(request_ids))
 
     def _send(self, message: ClientMessage) -> None:
-        try:
-            with self._send_lock:
-                self._conn.send_bytes(_encoder.encode(message))
-        except OSError:
-            pass  # the core is gone: the reader reports it
+        """Queue `message` for the writer thread. The core reads between steps only; a message
+        larger than the pipe's buffer (a prompt of some 50k tokens), or many while a long step
+        runs, would block a direct write until then: on the server's event loop, every client of
+        every model would wait for it."""
+        self._outbox.put(_encoder.encode(message))
+
+    def _write(self) -> None:
+        while (data := self._outbox.get()) is not None:
+            # A core that is gone fails the write: the reader reports it, what is queued goes with it.
+            with contextlib.suppress(OSError):
+                self._conn.send_bytes(data)
 
     def _read(self) -> None:
         while True:
@@ -426,4 +439,6 @@ class EngineClient:
         reader = getattr(self, "_reader", None)  # none when the core failed to start
         if reader is not None and reader is not threading.current_thread():
             reader.join(5)
+        self._outbox.put(None)  # after Shutdown; a write to a core that is gone fails at once
+        self._writer.join(5)
         self._conn.close()
