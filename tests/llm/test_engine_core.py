@@ -1,19 +1,26 @@
 """The engine core behind its pipe: in a thread and in its own process, the same tokens as the
-in-process engine; aborts, rejections, a failing step and a dying process reach the client."""
+in-process engine; aborts, rejections, a failing step and a dying process reach the client,
+whether its reader thread or the server's event loop reads the pipe."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
 import os
 import queue
 import signal
+import struct
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import uvloop
 
+from naiad.core.backend_host import BackendHost
 from naiad.llm.engine import engine_core
 from naiad.llm.engine.engine_core import (
     AddRequest,
@@ -23,6 +30,7 @@ from naiad.llm.engine.engine_core import (
     RequestOutput,
     RequestRejected,
     StepOutputs,
+    Watch,
 )
 from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 from naiad.llm.engine.sampling_params import GREEDY, SamplingParams
@@ -37,12 +45,14 @@ def _config(path: Path) -> EngineConfig:
 
 
 class Collector:
-    """The client's callback: every message, in order, on a queue."""
+    """The client's callback: every message, in order, on a queue (and the thread it came on)."""
 
     def __init__(self) -> None:
         self.messages: queue.Queue[CoreMessage] = queue.Queue()
+        self.threads: list[int] = []
 
     def __call__(self, message: CoreMessage) -> None:
+        self.threads.append(threading.get_ident())
         self.messages.put(message)
 
     def until_finished(self, request_ids: set[str], timeout: float = 60) -> dict[str, list[RequestOutput]]:
@@ -206,6 +216,176 @@ def test_a_core_that_is_not_reading_never_makes_the_sender_wait(tiny_models: dic
 def test_a_core_that_cannot_start_raises_its_reason(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="could not start"):
         EngineClient(EngineConfig(model=tmp_path / "missing"), Collector(), in_process=True)
+
+
+# ------------------------------------------------------------- the server's event loop reads the pipe
+
+
+class Loop:
+    """A uvloop running on a thread of its own, and the server's `watch` on it."""
+
+    def __init__(self) -> None:
+        self.loop = uvloop.new_event_loop()
+        self.runner = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.runner.start()
+        self.watch: Watch = BackendHost(SimpleNamespace(loop=self.loop)).watch  # type: ignore[arg-type]
+        self.thread = self.run(threading.get_ident)
+
+    def run(self, call: object) -> object:
+        """`call()` on the loop's thread; its result."""
+        done: queue.Queue[object] = queue.Queue()
+        self.loop.call_soon_threadsafe(lambda: done.put(call()))  # type: ignore[operator]
+        return done.get(timeout=10)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.runner.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    running = Loop()
+    yield running
+    running.close()
+
+
+def test_the_event_loop_reads_the_cores_outputs(tiny_models: dict[str, Path], in_process: bool, loop: Loop) -> None:
+    expected = LLMEngine(_config(tiny_models["llama"])).generate(PROMPTS, max_tokens=9, sampling_params=GREEDY)
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=in_process, watch=loop.watch)
+    try:
+        assert client._reader is None  # no thread of its own: the loop reads
+        for i, prompt in enumerate(PROMPTS):
+            client.add(AddRequest(f"r{i}", prompt, 9, GREEDY))
+        outputs = collector.until_finished({"r0", "r1", "r2"})
+        for i in range(len(PROMPTS)):
+            assert [t for piece in outputs[f"r{i}"] for t in piece.new_token_ids] == expected[i]
+            assert len(outputs[f"r{i}"]) > 1
+        assert set(collector.threads) == {loop.thread}
+    finally:
+        client.close()
+    assert not client.is_alive()
+
+
+def test_messages_split_over_many_reads_arrive_whole_and_in_order(
+    tiny_models: dict[str, Path], loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_core, "READ_SIZE", 3)  # every message takes several wake-ups of the loop
+    expected = LLMEngine(_config(tiny_models["llama"])).generate(PROMPTS, max_tokens=6, sampling_params=GREEDY)
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=True, watch=loop.watch)
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            client.add(AddRequest(f"r{i}", prompt, 6, GREEDY))
+        outputs = collector.until_finished({"r0", "r1", "r2"})
+        for i in range(len(PROMPTS)):
+            assert [t for piece in outputs[f"r{i}"] for t in piece.new_token_ids] == expected[i]
+    finally:
+        client.close()
+
+
+def test_a_dead_core_is_reported_off_the_loop_which_stops_watching_its_pipe(
+    tiny_models: dict[str, Path], loop: Loop
+) -> None:
+    collector = Collector()
+    exits: list[tuple[str, int]] = []
+    reads: list[int] = []  # each call of the client's readable callback
+    stops: list[int] = []  # the thread of each call of the stop function the watch returned
+
+    def watch(fd: int, on_readable: object) -> object:
+        def counted() -> None:
+            reads.append(fd)
+            on_readable()  # type: ignore[operator]
+
+        stop = loop.watch(fd, counted)
+        assert stop is not None
+
+        def recorded() -> None:
+            stops.append(threading.get_ident())
+            stop()
+
+        return recorded
+
+    client = EngineClient(_config(tiny_models["llama"]), collector, watch=watch,  # type: ignore[arg-type]
+                          on_exit=lambda cause: exits.append((cause, threading.get_ident())))
+    try:
+        client.add(AddRequest("a", PROMPTS[2], 80, GREEDY))
+        assert isinstance(collector.messages.get(timeout=30), StepOutputs)
+        os.kill(client._core.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        message = collector.messages.get(timeout=30)
+        while not isinstance(message, EngineFailed):
+            message = collector.messages.get(timeout=30)
+        assert message.request_ids == ["a"] and "exited" in message.message
+        # Waiting for the process (up to seconds) and the restart's callback stay off the loop.
+        (cause, exit_thread), = exits
+        assert "exited" in cause and exit_thread != loop.thread
+        assert collector.threads[-1] == exit_thread
+        # The loop stopped watching at the end of the pipe, itself: an ended pipe stays readable,
+        # and a watch left on it would call back on every turn of the loop.
+        assert stops[:1] == [loop.thread]
+        seen = len(reads)
+        time.sleep(0.3)
+        assert len(reads) == seen
+        with pytest.raises(RuntimeError, match="not running"):
+            client.add(AddRequest("b", PROMPTS[0], 2, GREEDY))
+    finally:
+        client.close()
+
+
+def test_the_loop_that_reads_the_outputs_never_waits_to_add(tiny_models: dict[str, Path], loop: Loop) -> None:
+    """The loop both reads the core's outputs and adds requests: a blocking add there (a prompt
+    larger than the pipe, a core not reading) would stop the reading too, and a core blocked
+    sending a large output would then never read again. Adds go through the writer thread."""
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector, watch=loop.watch)
+    pid = client._core.pid  # type: ignore[union-attr]
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        loop.run(lambda: client.add(AddRequest("huge", [1] * 4_000_000, 2, GREEDY)))  # ~4 MB, the pipe ~200 kB
+        loop.run(lambda: client.add(AddRequest("after", PROMPTS[0], 2, GREEDY)))
+        assert time.monotonic() - started < 5, "the loop waited for the core to read"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    try:
+        rejected = collector.messages.get(timeout=30)
+        assert isinstance(rejected, RequestRejected) and rejected.request_id == "huge"
+        assert collector.until_finished({"after"})["after"][-1].finish_reason == "length"
+        assert set(collector.threads) == {loop.thread}
+    finally:
+        client.close()
+
+
+def test_a_frame_written_to_a_non_blocking_socket_arrives_whole() -> None:
+    """The writer's descriptor is non-blocking once the loop watches it: a message larger than
+    the socket's buffer waits for room instead of going out in part."""
+    ours, theirs = multiprocessing.Pipe()
+    os.set_blocking(ours.fileno(), False)
+    payload = os.urandom(1 << 21)
+    writer = threading.Thread(target=engine_core._write_frame, args=(ours.fileno(), payload))
+    writer.start()
+    try:
+        time.sleep(0.2)
+        assert writer.is_alive()  # the buffer is full: it waits for the reader
+        assert theirs.recv_bytes() == payload
+        writer.join(5)
+        assert not writer.is_alive()
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_frame_is_found_only_once_all_of_it_is_there() -> None:
+    payload = b"0123456789"
+    short = struct.pack("!i", len(payload)) + payload
+    long = struct.pack("!i", -1) + struct.pack("!Q", len(payload)) + payload  # over 2 GiB, as send_bytes frames it
+    for framed, begin in ((short, 4), (long, 12)):
+        buffer = bytearray(b"xx" + framed + b"yy")
+        for cut in range(2, len(framed) + 2):
+            assert engine_core._frame_at(buffer[:cut], 2) is None
+        assert engine_core._frame_at(buffer, 2) == (2 + begin, 2 + begin + len(payload))
 
 
 def test_messages_decode_to_their_types() -> None:

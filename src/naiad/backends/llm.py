@@ -73,6 +73,7 @@ from naiad.llm.engine.engine_core import (
     RequestOutput,
     RequestRejected,
     StepOutputs,
+    Watch,
 )
 from naiad.llm.engine.llm_engine import EngineConfig
 from naiad.llm.engine.sampling_params import SamplingParams
@@ -142,7 +143,8 @@ class LLMModel(Model):
         return LLMInstance(self.engine_config(group, index), self.config.name,
                            {output.name for output in self.config.output}, engine_process=engine_process,
                            instance_label=f"{group.name or self.config.name}_{index}",
-                           restart_policy=self.restart_policy())
+                           restart_policy=self.restart_policy(),
+                           watch=self.host.watch if self.host is not None else None)
 
     def restart_policy(self) -> RestartPolicy:
         """How a dead engine core is restarted (`engine_restart_limit`, `engine_restart_backoff`)."""
@@ -206,26 +208,27 @@ class _Request:
 class LLMInstance(ModelInstance):
     """One engine core (its own process unless `engine_process` is False) and its client.
 
-    `submit` hands requests over and returns at once, and the client's reader thread sends
-    every response as the engine core's step outputs arrive.
+    `submit` hands requests over and returns at once; every response is sent as the engine
+    core's step outputs arrive, read by the server's event loop (or, without one, by the
+    client's reader thread).
     """
 
     depth = 1 << 30  # the engine core queues what does not fit in a step
 
     def __init__(self, config: EngineConfig, model_name: str, output_names: set[str] | None = None,
                  engine_process: bool = True, instance_label: str = "0",
-                 restart_policy: RestartPolicy | None = None) -> None:
+                 restart_policy: RestartPolicy | None = None, watch: Watch | None = None) -> None:
         self.model_name = model_name
         self.output_names = {TEXT_OUTPUT, *EXTRA_OUTPUTS} if output_names is None else output_names
         self._token_texts: dict[int, str] = {}
         self.tokenizer = load_tokenizer(Path(config.model))
         self._ids = itertools.count()
         self._active: dict[str, _Request] = {}  # by engine request id
-        self._lock = threading.Lock()  # guards _active: start() adds, the reader thread removes
+        self._lock = threading.Lock()  # guards _active: submit adds, the outputs' reader removes
         self.metrics_state = LLMMetrics(instance_label)
         try:
             self.engine = EngineSupervisor(config, self._on_message, model_name=model_name,
-                                           in_process=not engine_process, policy=restart_policy)
+                                           in_process=not engine_process, policy=restart_policy, watch=watch)
         except RuntimeError as error:
             raise InvalidArgument(f"model '{model_name}': {error}") from None
         self.max_model_len = self.engine.info.max_model_len  # a restarted core has the same config
@@ -236,7 +239,7 @@ class LLMInstance(ModelInstance):
         """Validate each request and hand it to the engine core; there is always room (the
         engine's scheduler queues what does not fit in a step). The batch's execution is that
         hand-over (parsing and tokenizing the prompts is its compute_input): the tokens stream
-        back from the engine core's reader thread."""
+        back as the engine core's outputs are read."""
         start = time.monotonic_ns()
         parsing_ns = 0
         for index, request in enumerate(batch.requests):
@@ -437,7 +440,8 @@ class LLMInstance(ModelInstance):
     # ------------------------------------------------------------------------ the core's outputs
 
     def _on_message(self, message: CoreMessage) -> None:
-        """Runs on the client's reader thread, for every message of the engine core."""
+        """For every message of the engine core: on the server's event loop, or on the client's
+        reader thread when the server runs none (and on an exit thread for a core that died)."""
         if isinstance(message, StepOutputs):
             if message.stats is not None:
                 self.metrics_state.engine = message.stats

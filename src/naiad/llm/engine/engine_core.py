@@ -13,7 +13,8 @@ of its own: a large JSON schema compiles for seconds, which on the loop would st
 a thread for tests and debugging), sends requests and aborts from a writer thread (so that the
 server's event loop, which adds requests, never waits for a core that is in a step and not
 reading: a long prompt is larger than the pipe holds), and hands every message the core sends to a
-callback on its reader thread. If the core process dies, the callback gets
+callback: on the server's event loop when it is given one to watch the pipe with, else on a
+reader thread of its own. If the core process dies, the callback gets
 `EngineFailed` for every request still open, the client stops accepting work, and `on_exit`
 is told why (the llm backend's supervisor then starts a fresh core: `naiad.backends.llm_supervisor`).
 
@@ -29,7 +30,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import queue
+import select
+import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -49,6 +53,13 @@ log = logging.getLogger(__name__)
 WORKER_CHECK_SECS = 1.0
 #: how often a core with nothing to step but grammars compiling looks whether one is done
 COMPILE_POLL_SECS = 0.002
+#: the most the event loop reads from the core's pipe per wake-up (a step's outputs are far less)
+READ_SIZE = 1 << 18
+
+#: `watch(fd, on_readable)`: call `on_readable` from the server's event loop while `fd` is
+#: readable; returns what stops that (callable from any thread), or None without a loop
+#: (`naiad.backends.base.Host.watch`).
+Watch = Callable[[int, Callable[[], None]], Callable[[], None] | None]
 
 # ------------------------------------------------------------------------------ client → core
 
@@ -310,15 +321,18 @@ class EngineCore:
 class EngineClient:
     """The server's end of one engine core.
 
-    `on_message` runs on the client's reader thread for every `StepOutputs`, `RequestRejected`
-    and `EngineFailed`; it must not block for long, as the core's next outputs wait behind it.
-    `on_exit(cause)` runs on the same thread, last, when the core ended without `close()`.
-    `in_process` runs the core on a thread of this process instead (same loop, same pipe).
+    `on_message` runs for every `StepOutputs`, `RequestRejected` and `EngineFailed`: on the
+    server's event loop when `watch` is given and the server runs one (the loop reads the pipe
+    itself, so a step's tokens reach the streams without waking a thread that then wakes the
+    loop), else on the client's reader thread. It must not block for long, as the core's next
+    outputs wait behind it. `on_exit(cause)` runs last, on a thread of its own, when the core
+    ended without `close()`. `in_process` runs the core on a thread of this process instead
+    (same loop, same pipe).
     """
 
     def __init__(
         self, config: EngineConfig, on_message: Callable[[CoreMessage], None], *, in_process: bool = False,
-        name: str = "llm", on_exit: Callable[[str], None] | None = None,
+        name: str = "llm", on_exit: Callable[[str], None] | None = None, watch: Watch | None = None,
     ) -> None:
         self._on_message = on_message
         self._on_exit = on_exit
@@ -341,15 +355,20 @@ class EngineClient:
         self._core.start()
         if not in_process:
             core_end.close()  # the child has its own copy; ours would keep the pipe open after it dies
-        first = self._receive()
+        first = self._receive()  # reads exactly one message: nothing after it is taken from the pipe
         if not isinstance(first, EngineInfo):
             self.close()
             message = first.message if isinstance(first, EngineFailed) else "the engine core did not start"
             raise RuntimeError(message)
         self.info = first
         self.pid = self._core.pid if isinstance(self._core, multiprocessing.process.BaseProcess) else None
-        self._reader = threading.Thread(target=self._read, name=f"{name}-outputs", daemon=True)
-        self._reader.start()
+        self._name = name
+        self._reader: threading.Thread | None = None
+        self._pending = bytearray()  # bytes read by the loop that do not make a whole message yet
+        self._unwatch = watch(self._conn.fileno(), self._readable) if watch is not None else None
+        if self._unwatch is None:
+            self._reader = threading.Thread(target=self._read, name=f"{name}-outputs", daemon=True)
+            self._reader.start()
 
     def _receive(self) -> CoreMessage | None:
         try:
@@ -377,27 +396,73 @@ class EngineClient:
         self._outbox.put(_encoder.encode(message))
 
     def _write(self) -> None:
+        fd = self._conn.fileno()
         while (data := self._outbox.get()) is not None:
             # A core that is gone fails the write: the reader reports it, what is queued goes with it.
             with contextlib.suppress(OSError):
-                self._conn.send_bytes(data)
+                _write_frame(fd, data)
 
     def _read(self) -> None:
+        """The reader thread (no event loop to watch the pipe): every message, then the end."""
         while True:
             message = self._receive()
             if message is None:
                 break
-            self._forget_closed(message)
-            if isinstance(message, EngineFailed):
-                self._last_failure = message.message
-            elif isinstance(message, StepOutputs):
-                self._last_failure = ""  # that failure did not stop the core
-            self._on_message(message)
+            self._handle(message)
+        if self._ended():
+            self._report_exit()
+
+    def _readable(self) -> None:
+        """On the event loop, whenever the pipe is readable: one read (the loop made the
+        descriptor non-blocking), then every whole message in what was read, in
+        `Connection.send_bytes`'s framing."""
+        try:
+            data = os.read(self._conn.fileno(), READ_SIZE)
+        except BlockingIOError:
+            return  # woken with nothing to read after all
+        except OSError:
+            data = b""
+        if not data:  # the core's end closed: it exited, or close() stopped it
+            if self._unwatch is not None:
+                self._unwatch()  # on the loop: at once, before anything may close the descriptor
+            if self._ended():  # the wait for the process and the callbacks go to a thread
+                threading.Thread(target=self._report_exit, name=f"{self._name}-exit", daemon=True).start()
+            return
+        pending = self._pending
+        pending += data
+        start = 0
+        while True:
+            frame = _frame_at(pending, start)
+            if frame is None:
+                break
+            begin, end = frame
+            try:
+                self._handle(_core_decoder.decode(pending[begin:end]))
+            except Exception:  # one bad message or callback must not stop the others
+                log.exception("the output of the LLM engine core '%s' could not be handled", self._name)
+            start = end
+        del pending[:start]
+
+    def _handle(self, message: CoreMessage) -> None:
+        self._forget_closed(message)
+        if isinstance(message, EngineFailed):
+            self._last_failure = message.message
+        elif isinstance(message, StepOutputs):
+            self._last_failure = ""  # that failure did not stop the core
+        self._on_message(message)
+
+    def _ended(self) -> bool:
+        """The pipe reached its end: stop taking work; whether the core ended on its own (then
+        `_report_exit` tells why) rather than by close()."""
         with self._open_lock:
             was_alive, self.alive = self.alive, False
+        return was_alive
+
+    def _report_exit(self) -> None:
+        """The core ended on its own: say why, and fail the requests that were open (off the loop:
+        it waits for the process)."""
+        with self._open_lock:
             orphans, self._open = sorted(self._open), set()
-        if not was_alive:
-            return  # close() ended it
         exited = self._exit_description()
         log.error("the LLM engine core %s; %d request(s) fail", exited, len(orphans))
         if self._on_exit is not None:  # first: whoever hears of the failure finds the restart under way
@@ -434,11 +499,48 @@ class EngineClient:
         if isinstance(self._core, multiprocessing.process.BaseProcess) and self._core.is_alive():
             self._core.kill()
             self._core.join(5)
-        # The reader sees EOF now that the core's end is closed. Wait for it before closing ours:
-        # a reader still in recv on a closed descriptor would read whatever pipe reuses the number.
-        reader = getattr(self, "_reader", None)  # none when the core failed to start
+        # The reader sees EOF now that the core's end is closed. Wait for it (or for the loop to
+        # stop watching) before closing ours: a reader still in recv on a closed descriptor would
+        # read whatever pipe reuses the number.
+        unwatch = getattr(self, "_unwatch", None)  # none when the core failed to start
+        if unwatch is not None:
+            unwatch()
+        reader = getattr(self, "_reader", None)
         if reader is not None and reader is not threading.current_thread():
             reader.join(5)
         self._outbox.put(None)  # after Shutdown; a write to a core that is gone fails at once
         self._writer.join(5)
         self._conn.close()
+
+
+def _write_frame(fd: int, payload: bytes) -> None:
+    """`payload` in `Connection.send_bytes`'s framing, all of it, whether `fd` blocks or not: an
+    event loop watching a descriptor makes it non-blocking (libuv does), and the core's end reads
+    this one's other direction. Waits in `poll` for room while the core is not reading."""
+    size = len(payload)
+    header = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
+    room = select.poll()
+    room.register(fd, select.POLLOUT)
+    for part in (header, payload):
+        view = memoryview(part)
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                room.poll()  # a core gone wakes it too (POLLHUP), and the next write fails
+
+
+def _frame_at(buffer: bytearray, start: int) -> tuple[int, int] | None:
+    """Where the message at `start` lies in `buffer` (as `Connection.send_bytes` frames it: a
+    4-byte big-endian length, or -1 and an 8-byte one), or None while it is not all there."""
+    if len(buffer) - start < 4:
+        return None
+    (size,) = struct.unpack_from("!i", buffer, start)
+    begin = start + 4
+    if size == -1:
+        if len(buffer) - begin < 8:
+            return None
+        (size,) = struct.unpack_from("!Q", buffer, begin)
+        begin += 8
+    end = begin + size
+    return (begin, end) if end <= len(buffer) else None
