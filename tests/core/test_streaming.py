@@ -69,3 +69,64 @@ def test_unary_infer_refuses_decoupled_models(server):
     assert server.inflight == 0
     stats = server.statistics("repeat_int32", None)["model_stats"][0]["inference_stats"]
     assert stats["fail"]["count"] == 1
+
+
+def _stream_soon(server, request, cancel_after=None, linger_s=0.0):
+    """server.stream_soon from a task: (responses, the threads they came on, Job.cancellations
+    before and after); `cancel_after` responses, cancel; then wait `linger_s` for stragglers."""
+    import threading
+
+    from naiad.scheduling.base import Job
+
+    async def run():
+        got, threads, done = [], [], asyncio.Event()
+
+        def on_response(response):
+            got.append(response)
+            threads.append(threading.get_ident())
+            if response.final or len(got) == cancel_after:
+                done.set()
+
+        cancel = server.stream_soon(request, on_response)
+        await asyncio.wait_for(done.wait(), 10)
+        before = Job.cancellations
+        if cancel_after is not None or linger_s:
+            cancel()
+            cancel()  # twice: the in-flight count still ends once
+        await asyncio.sleep(linger_s)
+        return got, set(threads) - {threading.get_ident()}, before, Job.cancellations
+
+    return asyncio.run(run())
+
+
+def test_stream_soon_hands_every_response_to_the_callback_on_the_callers_thread(server):
+    got, other_threads, _, _ = _stream_soon(server, _request([5, 6, 7], delays=[5, 5, 5]))
+    assert [r.final for r in got] == [False, False, False, True]
+    assert other_threads == set()
+    assert server.inflight == 0
+
+
+def test_a_cancelled_stream_hears_nothing_more_and_ends_its_inflight_once(server):
+    got, _, before, after = _stream_soon(server, _request([1, 2, 3, 4], delays=[50] * 4), cancel_after=1,
+                                         linger_s=0.4)
+    assert len(got) == 1 and not got[0].final  # the model's later responses are dropped
+    assert server.inflight == 0
+    assert after == before + 1  # the job was cancelled (once)
+
+
+def test_cancelling_a_finished_stream_cancels_no_job(server):
+    got, _, before, after = _stream_soon(server, _request([1]), linger_s=0.01)
+    assert got[-1].final and server.inflight == 0
+    assert after == before  # no spurious cancellation to send the schedulers scanning
+
+
+def test_a_stream_left_early_ends_its_inflight(server):
+    async def first_then_leave():
+        responses = server.stream(_request([1, 2, 3], delays=[50] * 3))
+        first = await anext(responses)
+        await responses.aclose()
+        await asyncio.sleep(0.3)  # the model's last responses, dropped, come while the loop runs
+        return first
+
+    assert not asyncio.run(first_then_leave()).final
+    assert server.inflight == 0

@@ -19,6 +19,7 @@ from naiad.config.options import ServerOptions
 from naiad.core.backend_host import BackendHost
 from naiad.core.labels import LABELS_PARAMETER, REQUEST_PARAMETER, SPLIT_PARAMETER, VersionLabels, label_change
 from naiad.core.lifecycle import ModelManager
+from naiad.core.mailbox import Mailbox
 from naiad.core.model import LoadedVersion
 from naiad.core.residency import Residency, WaitingJob
 from naiad.core.shared_memory import Region as Region  # re-exported: frontends reach the core here
@@ -239,32 +240,39 @@ class InferenceServer:
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response to one request, for decoupled models and others alike; the last has
         `final` set. Errors before queueing raise before the first response."""
+        responses: Mailbox[InferResponse] = Mailbox()
+        cancel = self.stream_soon(request, responses.put)
+        try:
+            while True:
+                response = await responses.get()
+                yield response
+                if response.final:
+                    return
+        except (asyncio.CancelledError, GeneratorExit):
+            cancel()
+            raise
+
+    def stream_soon(self, request: InferRequest, on_response: Callable[[InferResponse], None]) -> Callable[[], None]:
+        """`stream` for a frontend without a task (or generator) per request: every response,
+        a decoupled model's too, goes to `on_response` on the event loop's thread (the caller's),
+        the last with `final` set. Errors before queueing raise. Returns what cancels the
+        request; nothing reaches `on_response` after it."""
         if self.stopping:
             raise Unavailable(STOPPING_ERROR)
         self.inflight += 1
+        sink = _StreamSink(self, on_response)
         try:
-            loop = asyncio.get_running_loop()
-            loop_thread = threading.get_ident()
-            queue: asyncio.Queue[InferResponse] = asyncio.Queue()
-
-            def sink(response: InferResponse) -> None:
-                if threading.get_ident() == loop_thread:
-                    queue.put_nowait(response)
-                else:
-                    loop.call_soon_threadsafe(queue.put_nowait, response)
-
             job = self._submit(request, sink, None)
-            try:
-                while True:
-                    response = await queue.get()
-                    yield response
-                    if response.final:
-                        return
-            except (asyncio.CancelledError, GeneratorExit):
-                job.cancel()
-                raise
-        finally:
+        except BaseException:
             self.inflight -= 1
+            raise
+
+        def cancel() -> None:
+            if sink.open:  # a finished job is not cancelled: that would send schedulers scanning
+                sink.close()
+                job.cancel()  # the client went away: a queued job leaves the queue, a running one stops
+
+        return cancel
 
     def is_decoupled(self, name: str, version: int | None) -> bool:
         return bool(self.models.get(name, version).decoupled)
@@ -446,6 +454,30 @@ class _LoopSink:
         if response.final:
             self.server.inflight -= 1
         self.answer(response)
+
+
+class _StreamSink(_LoopSink):
+    """`_LoopSink` for every response of a stream, until the final one or `close()` (the
+    client went away): the request's in-flight count ends once, at whichever comes first."""
+
+    __slots__ = ("open",)
+
+    def __init__(self, server: InferenceServer, answer: Callable[[InferResponse], None]) -> None:
+        super().__init__(server, answer)
+        self.open = True
+
+    def deliver(self, response: InferResponse) -> None:
+        if not self.open:
+            return
+        if response.final:
+            self.close()
+        self.answer(response)
+
+    def close(self) -> None:
+        """On the event loop's thread."""
+        if self.open:
+            self.open = False
+            self.server.inflight -= 1
 
 
 class _LabelledSink:
