@@ -46,8 +46,8 @@ _Item = tuple[int, InferResponse | None]
 class Events:
     """The SSE body: every choice's responses come to one mailbox, so that the choices' chunks
     interleave as they come; each choice's finish_reason chunk, then the usage chunk when asked,
-    then `[DONE]`. The responses go straight from the server's sinks to the mailbox (a task and
-    a queue per choice in between cost about a quarter of a streamed token's CPU)."""
+    then `[DONE]`. The responses go straight from the server's sinks to the mailbox, with no
+    task and second queue per choice in between."""
 
     def __init__(self, server: InferenceServer, call: _Call) -> None:
         self.call = call
