@@ -90,7 +90,10 @@ class Host(Protocol):
         """Call `on_readable` from the server's event loop whenever `fd` is readable; returns the
         function that stops it, or None when the server runs no event loop. The stop function
         may be called any number of times from any thread, the loop's included; each call returns
-        only once the loop no longer watches `fd`, so the caller may close it next."""
+        only once the loop no longer watches `fd`, so the caller may close it next. The loop
+        (uvloop's libuv) makes `fd` non-blocking: whoever else writes to it must take partial
+        writes and wait for room itself (a plain `Connection.send_bytes` sends part of a message
+        and fails)."""
         ...
 
     def watch_writable(self, fd: int, on_writable: Callable[[], None]) -> Callable[[], None] | None:
