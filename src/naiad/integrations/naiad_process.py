@@ -94,9 +94,27 @@ class NaiadProcess:
             return False
 
     def log_tail(self, size: int = 4000) -> str:
-        self._log.seek(0, os.SEEK_END)
-        self._log.seek(max(0, self._log.tell() - size))
-        return self._log.read().decode(errors="replace")
+        # pread, not seek and read: the child writes through a descriptor that shares this file's
+        # offset, and a seek here would move where its next line lands.
+        end = os.fstat(self._log.fileno()).st_size
+        start = max(0, end - size)
+        return os.pread(self._log.fileno(), end - start, start).decode(errors="replace")
+
+    def describe(self, wait: float = 0.0) -> str:
+        """What became of the process (waiting up to `wait` seconds for it to end), and the tail
+        of its log: for the replica's own log when naiad fails a request it should have answered,
+        since naiad's log goes with the replica."""
+        try:
+            code = self.process.wait(wait) if wait > 0 else self.process.poll()
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            state = "is running"
+        elif code < 0:
+            state = f"was killed by signal {-code} ({signal.strsignal(-code)})"
+        else:
+            state = f"exited with code {code}"
+        return f"naiad serve (pid {self.process.pid}) {state}; the end of its log:\n{self.log_tail()}"
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (naiad drains in-flight requests), then SIGKILL after `timeout`."""

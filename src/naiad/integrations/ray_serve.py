@@ -74,9 +74,15 @@ class NaiadDeployment:
         if request.url.query:
             path = f"{path}?{request.url.query}"
         body = await request.body()
-        upstream = await self._client().request(
-            request.method, path, data=body, headers=_forwardable(request.headers), allow_redirects=False
-        )
+        try:
+            upstream = await self._client().request(
+                request.method, path, data=body, headers=_forwardable(request.headers), allow_redirects=False
+            )
+        except aiohttp.ClientConnectionError as error:
+            # naiad answers every request it reads, errors included: a dropped connection means it
+            # ended or closed it. Say which, with its log, which goes with the replica otherwise.
+            state = await asyncio.to_thread(self.naiad.describe, 1.0)
+            raise RuntimeError(f"the request to this replica's naiad failed ({error!r}): {state}") from error
         response: Response
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
             response = StreamingResponse(_relay(upstream), status_code=upstream.status)
