@@ -1,25 +1,26 @@
-"""The engine core behind its pipe: in a thread and in its own process, the same tokens as the
+"""The engine core behind its socket: in a thread and in its own process, the same tokens as the
 in-process engine; aborts, rejections, a failing step and a dying process reach the client,
-whether its reader thread or the server's event loop reads the pipe."""
+whether its reader thread or the server's event loop reads the socket."""
 
 from __future__ import annotations
 
 import itertools
 import json
-import multiprocessing
 import os
 import queue
 import signal
-import struct
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 import uvloop
 
+from naiad import channel
+from naiad.channel import Watch
 from naiad.core.backend_host import BackendHost
 from naiad.llm.engine import engine_core
 from naiad.llm.engine.engine_core import (
@@ -30,7 +31,6 @@ from naiad.llm.engine.engine_core import (
     RequestOutput,
     RequestRejected,
     StepOutputs,
-    Watch,
 )
 from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 from naiad.llm.engine.sampling_params import GREEDY, SamplingParams
@@ -95,7 +95,7 @@ def test_the_core_streams_the_engines_tokens(tiny_models: dict[str, Path], in_pr
     assert not client.is_alive()
 
 
-def test_logprobs_cross_the_pipe(tiny_models: dict[str, Path]) -> None:
+def test_logprobs_cross_the_socket(tiny_models: dict[str, Path]) -> None:
     collector = Collector()
     client = EngineClient(_config(tiny_models["llama"]), collector, in_process=True)
     try:
@@ -187,38 +187,12 @@ def test_a_dead_core_process_fails_the_open_requests(tiny_models: dict[str, Path
         client.close()
 
 
-def test_a_core_that_is_not_reading_never_makes_the_sender_wait(tiny_models: dict[str, Path]) -> None:
-    """The server's event loop adds requests; a core in a long step reads nothing until it ends.
-    A prompt larger than the pipe's buffer must not hold the caller until then (it did: a plain
-    blocking write). Here the core process is stopped outright while a 4 MB prompt is added."""
-    collector = Collector()
-    client = EngineClient(_config(tiny_models["llama"]), collector)
-    pid = client._core.pid  # type: ignore[union-attr]
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
-    huge = AddRequest("huge", [1] * 4_000_000, 2, GREEDY)  # msgpack: ~4 MB, the pipe holds ~200 kB
-    sender = threading.Thread(target=lambda: (client.add(huge), client.add(AddRequest("after", PROMPTS[0], 2, GREEDY))))
-    try:
-        sender.start()
-        sender.join(5)  # on a thread: a sender that waits fails the test instead of hanging it
-        assert not sender.is_alive(), "add() waited for the core to read"
-    finally:
-        os.kill(pid, signal.SIGCONT)
-        sender.join(30)
-    try:
-        rejected = collector.messages.get(timeout=30)  # in order: the huge one first, too long to run
-        assert isinstance(rejected, RequestRejected) and rejected.request_id == "huge"
-        assert collector.until_finished({"after"})["after"][-1].finish_reason == "length"
-    finally:
-        client.close()
-
-
 def test_a_core_that_cannot_start_raises_its_reason(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="could not start"):
         EngineClient(EngineConfig(model=tmp_path / "missing"), Collector(), in_process=True)
 
 
-# ------------------------------------------------------------- the server's event loop reads the pipe
+# ----------------------------------------------------------- the server's event loop reads the socket
 
 
 class Loop:
@@ -228,7 +202,9 @@ class Loop:
         self.loop = uvloop.new_event_loop()
         self.runner = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.runner.start()
-        self.watch: Watch = BackendHost(SimpleNamespace(loop=self.loop)).watch  # type: ignore[arg-type]
+        host = BackendHost(SimpleNamespace(loop=self.loop))  # type: ignore[arg-type]
+        self.watch: Watch = host.watch
+        self.watch_writable: Watch = host.watch_writable
         self.thread = self.run(threading.get_ident)
 
     def run(self, call: object) -> object:
@@ -253,7 +229,8 @@ def loop() -> Iterator[Loop]:
 def test_the_event_loop_reads_the_cores_outputs(tiny_models: dict[str, Path], in_process: bool, loop: Loop) -> None:
     expected = LLMEngine(_config(tiny_models["llama"])).generate(PROMPTS, max_tokens=9, sampling_params=GREEDY)
     collector = Collector()
-    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=in_process, watch=loop.watch)
+    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=in_process, watch=loop.watch,
+                          watch_writable=loop.watch_writable)
     try:
         assert client._reader is None  # no thread of its own: the loop reads
         for i, prompt in enumerate(PROMPTS):
@@ -271,10 +248,11 @@ def test_the_event_loop_reads_the_cores_outputs(tiny_models: dict[str, Path], in
 def test_messages_split_over_many_reads_arrive_whole_and_in_order(
     tiny_models: dict[str, Path], loop: Loop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_core, "READ_SIZE", 3)  # every message takes several wake-ups of the loop
+    monkeypatch.setattr(channel, "READ_SIZE", 3)  # every message takes several wake-ups of the loop
     expected = LLMEngine(_config(tiny_models["llama"])).generate(PROMPTS, max_tokens=6, sampling_params=GREEDY)
     collector = Collector()
-    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=True, watch=loop.watch)
+    client = EngineClient(_config(tiny_models["llama"]), collector, in_process=True, watch=loop.watch,
+                          watch_writable=loop.watch_writable)
     try:
         for i, prompt in enumerate(PROMPTS):
             client.add(AddRequest(f"r{i}", prompt, 6, GREEDY))
@@ -285,7 +263,7 @@ def test_messages_split_over_many_reads_arrive_whole_and_in_order(
         client.close()
 
 
-def test_a_dead_core_is_reported_off_the_loop_which_stops_watching_its_pipe(
+def test_a_dead_core_is_reported_off_the_loop_which_stops_watching_its_socket(
     tiny_models: dict[str, Path], loop: Loop
 ) -> None:
     collector = Collector()
@@ -321,7 +299,7 @@ def test_a_dead_core_is_reported_off_the_loop_which_stops_watching_its_pipe(
         (cause, exit_thread), = exits
         assert "exited" in cause and exit_thread != loop.thread
         assert collector.threads[-1] == exit_thread
-        # The loop stopped watching at the end of the pipe, itself: an ended pipe stays readable,
+        # The loop stopped watching at the end of the socket, itself: an ended socket stays readable,
         # and a watch left on it would call back on every turn of the loop.
         assert stops[:1] == [loop.thread]
         seen = len(reads)
@@ -333,24 +311,40 @@ def test_a_dead_core_is_reported_off_the_loop_which_stops_watching_its_pipe(
         client.close()
 
 
-def test_the_loop_that_reads_the_outputs_never_waits_to_add(tiny_models: dict[str, Path], loop: Loop) -> None:
-    """The loop both reads the core's outputs and adds requests: a blocking add there (a prompt
-    larger than the pipe, a core not reading) would stop the reading too, and a core blocked
-    sending a large output would then never read again. Adds go through the writer thread."""
-    collector = Collector()
-    client = EngineClient(_config(tiny_models["llama"]), collector, watch=loop.watch)
+def _add_huge_then_small(client: EngineClient, add: object) -> None:
+    """A core that is stopped reads nothing: a ~4 MB prompt (the socket holds ~200 kB) and one
+    behind it, added by `add(call)` (on the loop, or on a thread), must not wait for it."""
     pid = client._core.pid  # type: ignore[union-attr]
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        loop.run(lambda: client.add(AddRequest("huge", [1] * 4_000_000, 2, GREEDY)))  # ~4 MB, the pipe ~200 kB
-        loop.run(lambda: client.add(AddRequest("after", PROMPTS[0], 2, GREEDY)))
-        assert time.monotonic() - started < 5, "the loop waited for the core to read"
+        add(lambda: client.add(AddRequest("huge", [1] * 4_000_000, 2, GREEDY)))  # type: ignore[operator]
+        add(lambda: client.add(AddRequest("after", PROMPTS[0], 2, GREEDY)))  # type: ignore[operator]
+        assert time.monotonic() - started < 5, "the add waited for the core to read"
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def _on_a_thread(call: object) -> None:
+    thread = threading.Thread(target=call)  # type: ignore[arg-type]
+    thread.start()
+    thread.join(10)  # a sender that waits fails the test instead of hanging it
+    assert not thread.is_alive(), "the add waited for the core to read"
+
+
+@pytest.mark.parametrize("where", ["loop", "thread"])
+def test_adds_never_wait_for_a_core_that_is_not_reading(tiny_models: dict[str, Path], loop: Loop, where: str) -> None:
+    """The loop both reads the core's outputs and adds requests: a blocking add there (a prompt
+    larger than the socket, a core in a long step) would stop the reading too, and a core blocked
+    sending a large output would then never read again. What the socket cannot take waits, in
+    order, for the loop to send it when there is room; from another thread the same."""
+    collector = Collector()
+    client = EngineClient(_config(tiny_models["llama"]), collector, watch=loop.watch,
+                          watch_writable=loop.watch_writable)
     try:
-        rejected = collector.messages.get(timeout=30)
+        _add_huge_then_small(client, loop.run if where == "loop" else _on_a_thread)
+        rejected = collector.messages.get(timeout=30)  # in order: the huge one first, too long to run
         assert isinstance(rejected, RequestRejected) and rejected.request_id == "huge"
         assert collector.until_finished({"after"})["after"][-1].finish_reason == "length"
         assert set(collector.threads) == {loop.thread}
@@ -358,39 +352,9 @@ def test_the_loop_that_reads_the_outputs_never_waits_to_add(tiny_models: dict[st
         client.close()
 
 
-def test_a_frame_written_to_a_non_blocking_socket_arrives_whole() -> None:
-    """The writer's descriptor is non-blocking once the loop watches it: a message larger than
-    the socket's buffer waits for room instead of going out in part."""
-    ours, theirs = multiprocessing.Pipe()
-    os.set_blocking(ours.fileno(), False)
-    payload = os.urandom(1 << 21)
-    writer = threading.Thread(target=engine_core._write_frame, args=(ours.fileno(), payload))
-    writer.start()
-    try:
-        time.sleep(0.2)
-        assert writer.is_alive()  # the buffer is full: it waits for the reader
-        assert theirs.recv_bytes() == payload
-        writer.join(5)
-        assert not writer.is_alive()
-    finally:
-        ours.close()
-        theirs.close()
-
-
-def test_a_frame_is_found_only_once_all_of_it_is_there() -> None:
-    payload = b"0123456789"
-    short = struct.pack("!i", len(payload)) + payload
-    long = struct.pack("!i", -1) + struct.pack("!Q", len(payload)) + payload  # over 2 GiB, as send_bytes frames it
-    for framed, begin in ((short, 4), (long, 12)):
-        buffer = bytearray(b"xx" + framed + b"yy")
-        for cut in range(2, len(framed) + 2):
-            assert engine_core._frame_at(buffer[:cut], 2) is None
-        assert engine_core._frame_at(buffer, 2) == (2 + begin, 2 + begin + len(payload))
-
-
 def test_messages_decode_to_their_types() -> None:
     add = AddRequest("x", [1, 2], 3, SamplingParams(temperature=0.5, stop_token_ids=(7,)))
-    assert engine_core._client_decoder.decode(engine_core._encoder.encode(add)) == add
+    assert engine_core._client_decoder.decode(msgspec.msgpack.encode(add)) == add
 
 
 # ------------------------------------------------------------------ grammars compile off the loop

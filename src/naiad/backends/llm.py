@@ -65,6 +65,7 @@ from naiad.backends.llm_prompt import chat_prompt
 from naiad.backends.llm_request import RequestValues, StopStrings, check_parameters, guide
 from naiad.backends.llm_settings import ENGINE_PARAMETERS, PLACEMENT_SETTINGS, config_parameter, model_path
 from naiad.backends.llm_supervisor import EngineSupervisor, RestartPolicy
+from naiad.channel import Watch
 from naiad.errors import Cancelled, InternalError, InvalidArgument, NaiadError, Unavailable
 from naiad.llm.engine.engine_core import (
     AddRequest,
@@ -73,7 +74,6 @@ from naiad.llm.engine.engine_core import (
     RequestOutput,
     RequestRejected,
     StepOutputs,
-    Watch,
 )
 from naiad.llm.engine.llm_engine import EngineConfig
 from naiad.llm.engine.sampling_params import SamplingParams
@@ -144,7 +144,8 @@ class LLMModel(Model):
                            {output.name for output in self.config.output}, engine_process=engine_process,
                            instance_label=f"{group.name or self.config.name}_{index}",
                            restart_policy=self.restart_policy(),
-                           watch=self.host.watch if self.host is not None else None)
+                           watch=self.host.watch if self.host is not None else None,
+                           watch_writable=self.host.watch_writable if self.host is not None else None)
 
     def restart_policy(self) -> RestartPolicy:
         """How a dead engine core is restarted (`engine_restart_limit`, `engine_restart_backoff`)."""
@@ -217,7 +218,8 @@ class LLMInstance(ModelInstance):
 
     def __init__(self, config: EngineConfig, model_name: str, output_names: set[str] | None = None,
                  engine_process: bool = True, instance_label: str = "0",
-                 restart_policy: RestartPolicy | None = None, watch: Watch | None = None) -> None:
+                 restart_policy: RestartPolicy | None = None, watch: Watch | None = None,
+                 watch_writable: Watch | None = None) -> None:
         self.model_name = model_name
         self.output_names = {TEXT_OUTPUT, *EXTRA_OUTPUTS} if output_names is None else output_names
         self._token_texts: dict[int, str] = {}
@@ -228,7 +230,8 @@ class LLMInstance(ModelInstance):
         self.metrics_state = LLMMetrics(instance_label)
         try:
             self.engine = EngineSupervisor(config, self._on_message, model_name=model_name,
-                                           in_process=not engine_process, policy=restart_policy, watch=watch)
+                                           in_process=not engine_process, policy=restart_policy, watch=watch,
+                                           watch_writable=watch_writable)
         except RuntimeError as error:
             raise InvalidArgument(f"model '{model_name}': {error}") from None
         self.max_model_len = self.engine.info.max_model_len  # a restarted core has the same config

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from naiad.llm.engine.engine_core import AddRequest, CoreMessage, EngineClient, EngineInfo, Watch
+from naiad.channel import Watch
+from naiad.llm.engine.engine_core import AddRequest, CoreMessage, EngineClient, EngineInfo
 from naiad.llm.engine.llm_engine import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -58,13 +59,15 @@ class EngineSupervisor:
     """
 
     def __init__(self, config: EngineConfig, on_message: Callable[[CoreMessage], None], *, model_name: str,
-                 in_process: bool = False, policy: RestartPolicy | None = None, watch: Watch | None = None) -> None:
+                 in_process: bool = False, policy: RestartPolicy | None = None, watch: Watch | None = None,
+                 watch_writable: Watch | None = None) -> None:
         self.config = config
         self.model_name = model_name
         self.policy = policy or RestartPolicy()
         self._on_message = on_message
         self._in_process = in_process
-        self._watch = watch  # the server's event loop reads each core's outputs (EngineClient)
+        # The server's event loop reads each core's outputs and sends what waits for room (EngineClient).
+        self._watch, self._watch_writable = watch, watch_writable
         self._lock = threading.Lock()  # guards client, reason, restarts and closed
         self._wake = threading.Event()  # set by close(): cuts a backoff short
         self._restarter: threading.Thread | None = None
@@ -78,7 +81,8 @@ class EngineSupervisor:
 
     def _start(self) -> EngineClient:
         client = EngineClient(self.config, self._on_message, in_process=self._in_process,
-                              name=f"llm-{self.model_name}", on_exit=self._died, watch=self._watch)
+                              name=f"llm-{self.model_name}", on_exit=self._died, watch=self._watch,
+                              watch_writable=self._watch_writable)
         where = f"pid {client.pid}" if client.pid is not None else "a thread"
         log.info("model '%s': engine core started (%s)", self.model_name, where)
         return client

@@ -19,11 +19,10 @@ from typing import Any
 
 from naiad.backends.python import messages as p
 from naiad.backends.python.shm import Arena, PendingFrees, SegmentMap
+from naiad.channel import Watch
 from naiad.errors import InternalError, Unavailable
 
 log = logging.getLogger("naiad.backends.python")
-#: Host.watch: call back when a descriptor is readable; returns how to stop, or None (no loop)
-Watch = Callable[[int, Callable[[], None]], Callable[[], None] | None]
 
 #: how many finished-with locations wait before they go back without other traffic
 FREES_FLUSH = 64
@@ -49,8 +48,6 @@ class StubProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._unwatch: Callable[[], None] | None = None  # stops the event loop's reading
-        self._watch_writable: Watch | None = None
-        self._stop_writing: Callable[[], None] | None = None  # stops the loop's sending of a backlog
         self._outbox: list[Any] = []  # messages gathered during one event-loop turn
         self._outbox_lock = threading.Lock()
         self._early: list[Any] = []  # messages the model sent before it was ready, for `run`
@@ -140,9 +137,7 @@ class StubProcess:
             self._unwatch = watch(self.channel.sock.fileno(), readable)
             if self._unwatch is not None:
                 if watch_writable is not None:
-                    self._watch_writable = watch_writable
-                    self.channel.on_backlog = self._send_backlog_soon
-                    self.channel.wait_when_full(False)
+                    self.channel.never_wait(watch_writable)
                 return
             self.channel.sock.setblocking(True)  # no loop after all: read on a thread
 
@@ -159,30 +154,6 @@ class StubProcess:
 
         self._reader = threading.Thread(target=read, name=f"{self.name}-reader", daemon=True)
         self._reader.start()
-
-    def _send_backlog_soon(self) -> None:
-        """The channel's backlog just started (any thread): have the loop send it when it can."""
-        channel, watch_writable = self.channel, self._watch_writable
-        if channel is None or watch_writable is None:
-            return
-        stop = watch_writable(channel.sock.fileno(), self._send_backlog)
-        if stop is None:  # the loop is gone (shutting down): nobody reads either, send it here
-            channel.sock.setblocking(True)
-            channel.wait_when_full(True)
-            with contextlib.suppress(p.ChannelClosed):
-                channel.send_backlog()
-            return
-        self._stop_writing = stop
-
-    def _send_backlog(self) -> None:
-        """On the loop, while the socket has room and a backlog waits."""
-        channel, stop = self.channel, self._stop_writing
-        try:
-            done = channel is None or channel.send_backlog()
-        except p.ChannelClosed:
-            done = True  # the reader sees the end and fails what was in flight
-        if done and stop is not None:
-            stop()  # a backlog started meanwhile on another thread arms a new watch after this
 
     def _dispatch(self, message: Any, on_message: Callable[[Any], None]) -> None:
         if isinstance(message, p.Segment):
@@ -251,10 +222,8 @@ class StubProcess:
     def close(self) -> None:
         if self._unwatch is not None:
             self._unwatch()  # before the socket closes: its number may be reused at once
-        if self._stop_writing is not None:
-            self._stop_writing()
         if self.channel is not None:
-            self.channel.close()
+            self.channel.close()  # (stops the loop's sending of a backlog first)
         if self.arena is not None:
             self.arena.close()
         # the model's segments stay mapped while the server still holds views of them (responses

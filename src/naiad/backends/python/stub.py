@@ -6,8 +6,8 @@ while the main thread executes and some thread waits for an answer (see `Stub.se
 execute` coroutines run on an asyncio loop of their own; for decoupled models nothing waits for
 them, so several batches can be in flight, as in Triton.
 
-Imports only the standard library, numpy, msgspec and its sibling modules, so it also runs
-under a model's own environment (EXECUTION_ENV_PATH).
+Imports only the standard library, numpy, msgspec, its sibling modules and `naiad.channel`, so
+it also runs under a model's own environment (EXECUTION_ENV_PATH).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The engine core in its own process: `LLMEngine` stepping in a busy loop, msgspec messages over a pipe.
+"""The engine core in its own process: `LLMEngine` stepping in a busy loop, msgspec messages on a socket.
 
 Why a process: the server's event loop, HTTP parsing, detokenization and response encoding
 hold the GIL; in the same process they stall the step that every running sequence waits
@@ -10,11 +10,12 @@ drains the messages that are waiting (adds, aborts), runs one step and sends its
 without sleeping. A request whose grammar (structured outputs) is new waits for it on a thread
 of its own: a large JSON schema compiles for seconds, which on the loop would stall every stream
 (see `_add`). `EngineClient` is the server's end: it starts the core (in a process, or in
-a thread for tests and debugging), sends requests and aborts from a writer thread (so that the
-server's event loop, which adds requests, never waits for a core that is in a step and not
-reading: a long prompt is larger than the pipe holds), and hands every message the core sends to a
-callback: on the server's event loop when it is given one to watch the pipe with, else on a
-reader thread of its own. If the core process dies, the callback gets
+a thread for tests and debugging), sends requests and aborts, and hands every message the core
+sends to a callback: on the server's event loop when it is given one to watch the socket with,
+else on a reader thread of its own. The socket is the server's `naiad.channel`, as a Python
+model's is: with the loop reading, sends never wait for a core that is in a step and not reading
+(a long prompt is larger than the socket holds); what it cannot take yet, the loop sends when
+there is room. If the core process dies, the callback gets
 `EngineFailed` for every request still open, the client stops accepting work, and `on_exit`
 is told why (the llm backend's supervisor then starts a fresh core: `naiad.backends.llm_supervisor`).
 
@@ -30,18 +31,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import os
-import queue
-import select
-import struct
+import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from multiprocessing.connection import Connection
 from typing import Any
 
 import msgspec
 
+from naiad.channel import Channel, ChannelClosed, Watch
 from naiad.llm.distributed.workers import WorkerDied
 from naiad.llm.engine.llm_engine import EngineConfig, LLMEngine
 from naiad.llm.engine.sampling_params import SamplingParams
@@ -53,13 +51,6 @@ log = logging.getLogger(__name__)
 WORKER_CHECK_SECS = 1.0
 #: how often a core with nothing to step but grammars compiling looks whether one is done
 COMPILE_POLL_SECS = 0.002
-#: the most the event loop reads from the core's pipe per wake-up (a step's outputs are far less)
-READ_SIZE = 1 << 18
-
-#: `watch(fd, on_readable)`: call `on_readable` from the server's event loop while `fd` is
-#: readable; returns what stops that (callable from any thread), or None without a loop
-#: (`naiad.backends.base.Host.watch`).
-Watch = Callable[[int, Callable[[], None]], Callable[[], None] | None]
 
 # ------------------------------------------------------------------------------ client → core
 
@@ -147,42 +138,42 @@ class EngineFailed(msgspec.Struct, tag="failed"):
 
 CoreMessage = EngineInfo | StepOutputs | RequestRejected | EngineFailed
 
-_client_decoder = msgspec.msgpack.Decoder(ClientMessage)
-_core_decoder = msgspec.msgpack.Decoder(CoreMessage)
-_encoder = msgspec.msgpack.Encoder()
+_client_decoder: msgspec.msgpack.Decoder[ClientMessage] = msgspec.msgpack.Decoder(ClientMessage)
+_core_decoder: msgspec.msgpack.Decoder[CoreMessage] = msgspec.msgpack.Decoder(CoreMessage)
 
 
 # --------------------------------------------------------------------------------- the core
 
 
-def run_core(config: EngineConfig, conn: Connection) -> None:
+def run_core(config: EngineConfig, sock: socket.socket) -> None:
     """The core's entry point (a process's target, or a thread's): build the engine, then loop."""
     engine = None
+    channel = Channel(sock, _client_decoder)  # blocking: the core waits for the server as it must
     try:
         try:
             engine = LLMEngine(config)
         except Exception as error:  # reported to the client, which fails the model's load
             log.exception("the LLM engine could not start")
-            conn.send_bytes(_encoder.encode(EngineFailed(f"the engine could not start: {error}", [])))
+            channel.send(EngineFailed(f"the engine could not start: {error}", []))
             return
         runner = engine.runner
-        info = EngineInfo(engine.max_model_len, runner.args.vocab_size, runner.num_blocks, runner.kv_cache_bytes())
-        conn.send_bytes(_encoder.encode(info))
-        EngineCore(engine, conn).run()
-    except (EOFError, BrokenPipeError, ConnectionResetError):
+        channel.send(EngineInfo(engine.max_model_len, runner.args.vocab_size, runner.num_blocks,
+                                runner.kv_cache_bytes()))
+        EngineCore(engine, channel).run()
+    except ChannelClosed:
         pass  # the client went away: nothing left to serve
     finally:
         if engine is not None:
             engine.close()  # the tensor-parallel workers, if any
-        conn.close()  # in a thread, this is what ends the client's reader
+        channel.close()  # in a thread, this is what ends the client's reader
 
 
 class EngineCore:
     """The busy loop around one engine; see the module's docstring."""
 
-    def __init__(self, engine: LLMEngine, conn: Connection) -> None:
+    def __init__(self, engine: LLMEngine, channel: Channel[ClientMessage]) -> None:
         self.engine = engine
-        self.conn = conn
+        self.channel = channel
         self._active: dict[str, Sequence] = {}
         self._sent: dict[str, int] = {}  # output tokens already sent, by request id
         self._broken = False  # a tensor-parallel worker died: no step can run again
@@ -196,14 +187,14 @@ class EngineCore:
                 if not self._active and not self._waiting and not self._wait_for_work():
                     return
                 if not self._active and self._waiting:
-                    self.conn.poll(COMPILE_POLL_SECS)  # nothing to step: a message or a grammar
-                while self.conn.poll(0):
-                    if not self._handle(_client_decoder.decode(self.conn.recv_bytes())):
+                    self.channel.poll(COMPILE_POLL_SECS)  # nothing to step: a message or a grammar
+                while self.channel.poll(0):
+                    if not self._handle(self.channel.recv()):
                         return
                 if self._compiles:
                     self._add_compiled()
                 if self._active:
-                    self.conn.send_bytes(_encoder.encode(self._step()))
+                    self.channel.send(self._step())
         finally:
             if self._compiler is not None:
                 self._compiler.shutdown(wait=False, cancel_futures=True)
@@ -213,14 +204,14 @@ class EngineCore:
         they live; False (after telling the client why) when one died."""
         workers = self.engine.workers
         if workers is None:
-            self.conn.poll(None)
+            self.channel.poll(None)
             return True
-        while not self.conn.poll(WORKER_CHECK_SECS):
+        while not self.channel.poll(WORKER_CHECK_SECS):
             try:
                 workers.check()
             except WorkerDied as error:
                 log.error("the LLM engine core stops: %s", error)
-                self.conn.send_bytes(_encoder.encode(EngineFailed(f"the engine failed: {error}", [])))
+                self.channel.send(EngineFailed(f"the engine failed: {error}", []))
                 return False
         return True
 
@@ -265,7 +256,7 @@ class EngineCore:
             del self._waiting[request_id]
             error = future.exception()
             if error is not None:  # not compiled again on the loop: it could be as slow to fail
-                self.conn.send_bytes(_encoder.encode(RequestRejected(request_id, str(error))))
+                self.channel.send(RequestRejected(request_id, str(error)))
             else:
                 self._add_now(request)  # the compiled grammar is in the engine's cache now
 
@@ -276,7 +267,7 @@ class EngineCore:
                 request_id=request.request_id, ignore_eos=request.ignore_eos, priority=request.priority,
             )
         except Exception as error:
-            self.conn.send_bytes(_encoder.encode(RequestRejected(request.request_id, str(error))))
+            self.channel.send(RequestRejected(request.request_id, str(error)))
             return
         seq = self.engine.scheduler.get(request.request_id)
         assert seq is not None
@@ -322,26 +313,26 @@ class EngineClient:
     """The server's end of one engine core.
 
     `on_message` runs for every `StepOutputs`, `RequestRejected` and `EngineFailed`: on the
-    server's event loop when `watch` is given and the server runs one (the loop reads the pipe
+    server's event loop when `watch` is given and the server runs one (the loop reads the socket
     itself, so a step's tokens reach the streams without waking a thread that then wakes the
     loop), else on the client's reader thread. It must not block for long, as the core's next
-    outputs wait behind it. `on_exit(cause)` runs last, on a thread of its own, when the core
-    ended without `close()`. `in_process` runs the core on a thread of this process instead
-    (same loop, same pipe).
+    outputs wait behind it. With the loop reading, `add` and `abort` never wait for the core to
+    read (`watch_writable` tells the loop when the socket has room for the rest); without one
+    they may wait for the core's step to end. `on_exit(cause)` runs last, on a thread of its own,
+    when the core ended without `close()`. `in_process` runs the core on a thread of this
+    process instead (same loop, same socket).
     """
 
     def __init__(
         self, config: EngineConfig, on_message: Callable[[CoreMessage], None], *, in_process: bool = False,
         name: str = "llm", on_exit: Callable[[str], None] | None = None, watch: Watch | None = None,
+        watch_writable: Watch | None = None,
     ) -> None:
         self._on_message = on_message
         self._on_exit = on_exit
         self._last_failure = ""  # the core's latest EngineFailed not followed by a good step
-        self._conn, core_end = multiprocessing.Pipe(duplex=True)
-        # What goes to the core, in order; None stops the writer (see `_send`).
-        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write, name=f"{name}-inputs", daemon=True)
-        self._writer.start()
+        ours, core_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._channel = Channel(ours, _core_decoder)
         self._open: set[str] = set()  # request ids sent and not yet finished, rejected or aborted
         self._open_lock = threading.Lock()
         self.alive = True
@@ -354,8 +345,8 @@ class EngineClient:
                 target=run_core, args=(config, core_end), name=f"{name}-core", daemon=True)
         self._core.start()
         if not in_process:
-            core_end.close()  # the child has its own copy; ours would keep the pipe open after it dies
-        first = self._receive()  # reads exactly one message: nothing after it is taken from the pipe
+            core_end.close()  # the child has its own copy; ours would keep the socket open after it dies
+        first = self._receive()
         if not isinstance(first, EngineInfo):
             self.close()
             message = first.message if isinstance(first, EngineFailed) else "the engine core did not start"
@@ -364,16 +355,24 @@ class EngineClient:
         self.pid = self._core.pid if isinstance(self._core, multiprocessing.process.BaseProcess) else None
         self._name = name
         self._reader: threading.Thread | None = None
-        self._pending = bytearray()  # bytes read by the loop that do not make a whole message yet
-        self._unwatch = watch(self._conn.fileno(), self._readable) if watch is not None else None
+        self._unwatch: Callable[[], None] | None = None
+        if watch is not None:
+            self._channel.set_nonblocking()
+            self._unwatch = watch(ours.fileno(), self._readable)
+            if self._unwatch is None:
+                ours.setblocking(True)  # no loop after all: read on a thread
+            elif watch_writable is not None:
+                self._channel.never_wait(watch_writable)
         if self._unwatch is None:
             self._reader = threading.Thread(target=self._read, name=f"{name}-outputs", daemon=True)
             self._reader.start()
+        # (Nothing came with the first message for the loop to miss: a core sends nothing more
+        # before its first request.)
 
     def _receive(self) -> CoreMessage | None:
         try:
-            return _core_decoder.decode(self._conn.recv_bytes())
-        except (EOFError, OSError):
+            return self._channel.recv()
+        except ChannelClosed:
             return None
 
     def add(self, request: AddRequest) -> None:
@@ -389,21 +388,11 @@ class EngineClient:
         self._send(AbortRequests(request_ids))
 
     def _send(self, message: ClientMessage) -> None:
-        """Queue `message` for the writer thread. The core reads between steps only; a message
-        larger than the pipe's buffer (a prompt of some 50k tokens), or many while a long step
-        runs, would block a direct write until then: on the server's event loop, every client of
-        every model would wait for it."""
-        self._outbox.put(_encoder.encode(message))
-
-    def _write(self) -> None:
-        fd = self._conn.fileno()
-        while (data := self._outbox.get()) is not None:
-            # A core that is gone fails the write: the reader reports it, what is queued goes with it.
-            with contextlib.suppress(OSError):
-                _write_frame(fd, data)
+        with contextlib.suppress(ChannelClosed):  # the core is gone: the reader reports it, fails what was open
+            self._channel.send(message)
 
     def _read(self) -> None:
-        """The reader thread (no event loop to watch the pipe): every message, then the end."""
+        """The reader thread (no event loop to watch the socket): every message, then the end."""
         while True:
             message = self._receive()
             if message is None:
@@ -413,35 +402,20 @@ class EngineClient:
             self._report_exit()
 
     def _readable(self) -> None:
-        """On the event loop, whenever the pipe is readable: one read (the loop made the
-        descriptor non-blocking), then every whole message in what was read, in
-        `Connection.send_bytes`'s framing."""
+        """On the event loop, whenever the socket is readable: the whole messages that are here."""
         try:
-            data = os.read(self._conn.fileno(), READ_SIZE)
-        except BlockingIOError:
-            return  # woken with nothing to read after all
-        except OSError:
-            data = b""
-        if not data:  # the core's end closed: it exited, or close() stopped it
+            messages = self._channel.recv_ready()
+        except ChannelClosed:  # the core's end closed: it exited, or close() stopped it
             if self._unwatch is not None:
                 self._unwatch()  # on the loop: at once, before anything may close the descriptor
             if self._ended():  # the wait for the process and the callbacks go to a thread
                 threading.Thread(target=self._report_exit, name=f"{self._name}-exit", daemon=True).start()
             return
-        pending = self._pending
-        pending += data
-        start = 0
-        while True:
-            frame = _frame_at(pending, start)
-            if frame is None:
-                break
-            begin, end = frame
+        for message in messages:
             try:
-                self._handle(_core_decoder.decode(pending[begin:end]))
-            except Exception:  # one bad message or callback must not stop the others
+                self._handle(message)
+            except Exception:  # one bad callback must not stop the others
                 log.exception("the output of the LLM engine core '%s' could not be handled", self._name)
-            start = end
-        del pending[:start]
 
     def _handle(self, message: CoreMessage) -> None:
         self._forget_closed(message)
@@ -452,7 +426,7 @@ class EngineClient:
         self._on_message(message)
 
     def _ended(self) -> bool:
-        """The pipe reached its end: stop taking work; whether the core ended on its own (then
+        """The socket reached its end: stop taking work; whether the core ended on its own (then
         `_report_exit` tells why) rather than by close()."""
         with self._open_lock:
             was_alive, self.alive = self.alive, False
@@ -473,7 +447,7 @@ class EngineClient:
         """'process exited with code -9' (the signal, negated), or 'thread ended'."""
         if not isinstance(self._core, multiprocessing.process.BaseProcess):
             return "thread ended"
-        self._core.join(5)  # the pipe closes just before the process is reaped
+        self._core.join(5)  # the socket closes just before the process is reaped
         code = self._core.exitcode
         return "process exited" if code is None else f"process exited with code {code}"
 
@@ -499,48 +473,13 @@ class EngineClient:
         if isinstance(self._core, multiprocessing.process.BaseProcess) and self._core.is_alive():
             self._core.kill()
             self._core.join(5)
-        # The reader sees EOF now that the core's end is closed. Wait for it (or for the loop to
-        # stop watching) before closing ours: a reader still in recv on a closed descriptor would
-        # read whatever pipe reuses the number.
+        # The reader sees the end now that the core's end is closed. Wait for it (or for the loop
+        # to stop watching) before closing ours: a reader still in recv on a closed descriptor
+        # would read whatever socket reuses the number.
         unwatch = getattr(self, "_unwatch", None)  # none when the core failed to start
         if unwatch is not None:
             unwatch()
         reader = getattr(self, "_reader", None)
         if reader is not None and reader is not threading.current_thread():
             reader.join(5)
-        self._outbox.put(None)  # after Shutdown; a write to a core that is gone fails at once
-        self._writer.join(5)
-        self._conn.close()
-
-
-def _write_frame(fd: int, payload: bytes) -> None:
-    """`payload` in `Connection.send_bytes`'s framing, all of it, whether `fd` blocks or not: an
-    event loop watching a descriptor makes it non-blocking (libuv does), and the core's end reads
-    this one's other direction. Waits in `poll` for room while the core is not reading."""
-    size = len(payload)
-    header = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
-    room = select.poll()
-    room.register(fd, select.POLLOUT)
-    for part in (header, payload):
-        view = memoryview(part)
-        while view:
-            try:
-                view = view[os.write(fd, view):]
-            except BlockingIOError:
-                room.poll()  # a core gone wakes it too (POLLHUP), and the next write fails
-
-
-def _frame_at(buffer: bytearray, start: int) -> tuple[int, int] | None:
-    """Where the message at `start` lies in `buffer` (as `Connection.send_bytes` frames it: a
-    4-byte big-endian length, or -1 and an 8-byte one), or None while it is not all there."""
-    if len(buffer) - start < 4:
-        return None
-    (size,) = struct.unpack_from("!i", buffer, start)
-    begin = start + 4
-    if size == -1:
-        if len(buffer) - begin < 8:
-            return None
-        (size,) = struct.unpack_from("!Q", buffer, begin)
-        begin += 8
-    end = begin + size
-    return (begin, end) if end <= len(buffer) else None
+        self._channel.close()
