@@ -187,8 +187,7 @@ class Channel(Generic[M]):
 
     def has_frame(self) -> bool:
         """Whether a whole message already waits in the buffer (recv would not block)."""
-        available = self._end - self._start
-        return available >= 4 and available >= 4 + _LENGTH.unpack_from(self._in, self._start)[0]
+        return self._end - self._start >= self._frame_size()
 
     def _frame_size(self) -> int:
         """The bytes the next message takes in the buffer, its length included (4 while even

@@ -11,7 +11,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -311,7 +311,7 @@ def test_a_dead_core_is_reported_off_the_loop_which_stops_watching_its_socket(
         client.close()
 
 
-def _add_huge_then_small(client: EngineClient, add: object) -> None:
+def _add_huge_then_small(client: EngineClient, add: Callable[[Callable[[], None]], object]) -> None:
     """A core that is stopped reads nothing: a ~4 MB prompt (the socket holds ~200 kB) and one
     behind it, added by `add(call)` (on the loop, or on a thread), must not wait for it."""
     pid = client._core.pid  # type: ignore[union-attr]
@@ -319,15 +319,15 @@ def _add_huge_then_small(client: EngineClient, add: object) -> None:
     os.kill(pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        add(lambda: client.add(AddRequest("huge", [1] * 4_000_000, 2, GREEDY)))  # type: ignore[operator]
-        add(lambda: client.add(AddRequest("after", PROMPTS[0], 2, GREEDY)))  # type: ignore[operator]
+        add(lambda: client.add(AddRequest("huge", [1] * 4_000_000, 2, GREEDY)))
+        add(lambda: client.add(AddRequest("after", PROMPTS[0], 2, GREEDY)))
         assert time.monotonic() - started < 5, "the add waited for the core to read"
     finally:
         os.kill(pid, signal.SIGCONT)
 
 
-def _on_a_thread(call: object) -> None:
-    thread = threading.Thread(target=call)  # type: ignore[arg-type]
+def _on_a_thread(call: Callable[[], None]) -> None:
+    thread = threading.Thread(target=call)
     thread.start()
     thread.join(10)  # a sender that waits fails the test instead of hanging it
     assert not thread.is_alive(), "the add waited for the core to read"

@@ -92,8 +92,8 @@ class Host(Protocol):
         may be called any number of times from any thread, the loop's included; each call returns
         only once the loop no longer watches `fd`, so the caller may close it next. The loop
         (uvloop's libuv) makes `fd` non-blocking: whoever else writes to it must take partial
-        writes and wait for room itself (a plain `Connection.send_bytes` sends part of a message
-        and fails)."""
+        writes and wait for room itself, as `naiad.channel.Channel` does (a plain
+        `Connection.send_bytes` sends part of a message and fails)."""
         ...
 
     def watch_writable(self, fd: int, on_writable: Callable[[], None]) -> Callable[[], None] | None:
