@@ -25,11 +25,11 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @contextmanager
-def llm_server(repo: Path, extra_config: str = "") -> Iterator[ServerProcess]:
-    """Serve MODEL from a repository made in `repo` (its config CONFIG plus `extra_config`);
+def llm_server(repo: Path, extra_config: str = "", config: str = CONFIG) -> Iterator[ServerProcess]:
+    """Serve MODEL from a repository made in `repo` (its config `config` plus `extra_config`);
     yields once the model is ready."""
     (repo / MODEL / "1").mkdir(parents=True)
-    (repo / MODEL / "config.pbtxt").write_text(CONFIG + extra_config)
+    (repo / MODEL / "config.pbtxt").write_text(config + extra_config)
     with running_server(["--model-repository", str(repo)], repo.parent / f"{repo.name}.log") as server:
         wait_model_ready(server)
         yield server
