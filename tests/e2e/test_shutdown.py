@@ -150,3 +150,35 @@ def test_a_second_sigterm_stops_waiting(tmp_path: Path, start_server: Any) -> No
         for future in futures:
             with pytest.raises(Exception):  # noqa: B017
                 future.result(timeout=10)
+
+
+def test_requests_whose_clients_left_while_queued_do_not_hold_up_the_exit(tmp_path: Path, start_server: Any) -> None:
+    """An HTTP client that hangs up and a gRPC call whose deadline passes, both queued behind a
+    running request: their requests leave the queue unanswered. Once the running one is
+    answered nothing is in flight, and SIGTERM exits at once. (They stayed counted in flight, so
+    every graceful stop after such a client waited out the whole --exit-timeout-secs.)"""
+    server = start_server(["--model-repository", str(_repo(tmp_path, 1500, instances=1)), "--exit-timeout-secs=60"])
+    body = b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[0,1,2,3]}]}'
+    request = (b"POST /v2/models/delayed/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    host, port = server.url.rsplit(":", 1)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_http_infer, server.url)
+        time.sleep(0.3)  # some 10x a request's arrival on a busy machine: it runs, the next two queue
+        with socket.create_connection((host, int(port))) as leaving:
+            leaving.sendall(request)
+            wait_pending(server.metrics_port, "delayed", 1)
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
+        tensor.set_data_from_numpy(VALUES)
+        try:
+            with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+                client.infer("delayed", [tensor], client_timeout=0.3)
+        finally:
+            client.close()
+        wait_pending(server.metrics_port, "delayed", 0)  # both left the queue
+        np.testing.assert_array_equal(running.result(timeout=30), VALUES)
+    signalled = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(30) == 0
+    assert time.monotonic() - signalled < 10  # nothing to drain: not the 60 s exit timeout
+    assert "draining 0 in-flight inference(s)" in server.logs()

@@ -224,18 +224,13 @@ class InferenceServer:
             self.inflight -= 1
 
     def infer_soon(self, request: InferRequest, answer: Callable[[InferResponse], None],
-                   decoupled_error: str = DECOUPLED_ERROR) -> Job:
+                   decoupled_error: str = DECOUPLED_ERROR) -> Callable[[], None]:
         """`infer` for a frontend answering without a task of its own: queue the request and have
         `answer` called with its one response on the event loop's thread (the caller's). Errors
-        before queueing raise; the returned job is what to cancel if the client goes away."""
-        if self.stopping:
-            raise Unavailable(STOPPING_ERROR)
-        self.inflight += 1
-        try:
-            return self._submit(request, _LoopSink(self, answer), decoupled_error)
-        except BaseException:
-            self.inflight -= 1
-            raise
+        before queueing raise. Returns what cancels the request if the client goes away: its
+        in-flight count ends then (a queued job that leaves its queue is never answered), and
+        `answer` is not called after it."""
+        return self._soon(request, _LoopSink(self, answer), decoupled_error)
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response to one request, for decoupled models and others alike; the last has
@@ -257,22 +252,20 @@ class InferenceServer:
         a decoupled model's too, goes to `on_response` on the event loop's thread (the caller's),
         the last with `final` set. Errors before queueing raise. Returns what cancels the
         request; nothing reaches `on_response` after it."""
+        return self._soon(request, _LoopSink(self, on_response), None)
+
+    def _soon(self, request: InferRequest, sink: _LoopSink, decoupled_error: str | None) -> Callable[[], None]:
+        """Count the request in flight until its final response reaches `sink` or it is
+        cancelled, and queue it; returns the canceller."""
         if self.stopping:
             raise Unavailable(STOPPING_ERROR)
         self.inflight += 1
-        sink = _StreamSink(self, on_response)
         try:
-            job = self._submit(request, sink, None)
+            sink.job = self._submit(request, sink, decoupled_error)
         except BaseException:
             self.inflight -= 1
             raise
-
-        def cancel() -> None:
-            if sink.open:  # a finished job is not cancelled: that would send schedulers scanning
-                sink.close()
-                job.cancel()  # the client went away: a queued job leaves the queue, a running one stops
-
-        return cancel
+        return sink.cancel
 
     def is_decoupled(self, name: str, version: int | None) -> bool:
         return bool(self.models.get(name, version).decoupled)
@@ -433,13 +426,17 @@ class InferenceServer:
 
 class _LoopSink:
     """A job's sink that answers on the event loop's thread: directly when the response comes
-    from that thread (a model process's answer, read by the loop), else by a wake-up."""
+    from that thread (a model process's answer, read by the loop), else by a wake-up. The
+    request's in-flight count ends once, at its final response or at `cancel()` (the client went
+    away), whichever comes first; nothing is answered after that."""
 
-    __slots__ = ("answer", "loop", "server", "thread")
+    __slots__ = ("answer", "job", "loop", "open", "server", "thread")
 
     def __init__(self, server: InferenceServer, answer: Callable[[InferResponse], None]) -> None:
         self.server = server
         self.answer = answer
+        self.open = True
+        self.job: Job | None = None  # set once queued
         self.thread = threading.get_ident()
         loop = server.loop
         self.loop = loop if loop is not None and self.thread == server.loop_thread else asyncio.get_running_loop()
@@ -451,33 +448,23 @@ class _LoopSink:
             self.loop.call_soon_threadsafe(self.deliver, response)
 
     def deliver(self, response: InferResponse) -> None:
-        if response.final:
-            self.server.inflight -= 1
-        self.answer(response)
-
-
-class _StreamSink(_LoopSink):
-    """`_LoopSink` for every response of a stream, until the final one or `close()` (the
-    client went away): the request's in-flight count ends once, at whichever comes first."""
-
-    __slots__ = ("open",)
-
-    def __init__(self, server: InferenceServer, answer: Callable[[InferResponse], None]) -> None:
-        super().__init__(server, answer)
-        self.open = True
-
-    def deliver(self, response: InferResponse) -> None:
         if not self.open:
             return
         if response.final:
-            self.close()
+            self._close()
         self.answer(response)
 
-    def close(self) -> None:
-        """On the event loop's thread."""
+    def cancel(self) -> None:
+        """On the event loop's thread. A finished job is not cancelled: that would send
+        schedulers scanning their queues for it."""
         if self.open:
-            self.open = False
-            self.server.inflight -= 1
+            self._close()
+            if self.job is not None:
+                self.job.cancel()  # a queued job leaves its queue (unanswered), a running one stops
+
+    def _close(self) -> None:
+        self.open = False
+        self.server.inflight -= 1
 
 
 class _LabelledSink:

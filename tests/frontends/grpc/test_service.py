@@ -31,7 +31,7 @@ AFTER_LIMIT_S = 10
 
 
 class _FakeJob:
-    """What InferenceServer.infer_soon returns: a job its caller can cancel."""
+    """A request as ScriptedServer.infer_soon keeps it; its `cancel` is what infer_soon returns."""
 
     cancelled = False
 
@@ -65,7 +65,7 @@ class ScriptedServer:
         raise AssertionError("no response")
 
     def infer_soon(self, request: InferRequest, answer: Callable[[InferResponse], None],
-                   decoupled_error: str) -> _FakeJob:
+                   decoupled_error: str) -> Callable[[], None]:
         """`infer` answering through `answer` on the loop, as InferenceServer.infer_soon."""
         if self.is_decoupled(request.model_name, request.model_version):
             raise Unsupported(decoupled_error)
@@ -79,7 +79,7 @@ class ScriptedServer:
 
         self.tasks.add(task := asyncio.get_running_loop().create_task(run()))
         task.add_done_callback(self.tasks.discard)
-        return job
+        return job.cancel
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         self.requests.append(request)

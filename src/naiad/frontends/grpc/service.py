@@ -179,7 +179,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                         held.release()
                 call.answer(reply)
 
-            job = self.server.infer_soon(decoded, answered, infer.DECOUPLED_ERROR)
+            cancel = self.server.infer_soon(decoded, answered, infer.DECOUPLED_ERROR)
         except NaiadError as error:
             call.finish(grpc_code(error.status), error.message)
             if held is not None:
@@ -192,7 +192,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 held.release()
             return True
         if not call.closed:  # not answered already (a cache hit, an early refusal)
-            call.on_cancel = job.cancel if held is None else shm.cancelling(job.cancel, held)
+            call.on_cancel = cancel if held is None else shm.cancelling(cancel, held)
         return True
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],

@@ -150,7 +150,7 @@ def model_infer_now(server: InferenceServer, route: Route, body: bytes, headers:
         else:
             answer(error_reply(error if isinstance(error, NaiadError) else NaiadError(str(error))))
 
-    return server.infer_soon(request, answered, _DECOUPLED_ERROR).cancel
+    return server.infer_soon(request, answered, _DECOUPLED_ERROR)
 
 
 def _infer_shared_memory_now(server: InferenceServer, request: InferRequest,
@@ -181,11 +181,11 @@ def _infer_shared_memory_now(server: InferenceServer, request: InferRequest,
             answer(error_reply(error if isinstance(error, NaiadError) else NaiadError(str(error))))
 
     try:
-        job = server.infer_soon(request, answered, _DECOUPLED_ERROR)
+        cancel = server.infer_soon(request, answered, _DECOUPLED_ERROR)
     except BaseException:
         held.release()
         raise
-    return shm.cancelling(job.cancel, held)
+    return shm.cancelling(cancel, held)
 
 
 def _decode(server: InferenceServer, route: Route, body: bytes, headers: Headers) -> InferRequest:
