@@ -457,13 +457,15 @@ class _LoopSink:
     def cancel(self) -> None:
         """On the event loop's thread. A finished job is not cancelled: that would send
         schedulers scanning their queues for it."""
+        job = self.job
         if self.open:
             self._close()
-            if self.job is not None:
-                self.job.cancel()  # a queued job leaves its queue (unanswered), a running one stops
+            if job is not None:
+                job.cancel()  # a queued job leaves its queue (unanswered), a running one stops
 
     def _close(self) -> None:
         self.open = False
+        self.job = None  # the job holds this sink: without the cycle its objects go by reference counting
         self.server.inflight -= 1
 
 
