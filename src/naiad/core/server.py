@@ -261,10 +261,12 @@ class InferenceServer:
             raise Unavailable(STOPPING_ERROR)
         self.inflight += 1
         try:
-            sink.job = self._submit(request, sink, decoupled_error)
+            job = self._submit(request, sink, decoupled_error)
         except BaseException:
             self.inflight -= 1
             raise
+        if sink.open:  # not answered already (a cache hit, a quick execution on this thread)
+            sink.job = job
         return sink.cancel
 
     def is_decoupled(self, name: str, version: int | None) -> bool:
