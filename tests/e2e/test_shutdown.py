@@ -33,6 +33,7 @@ instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 parameters {{ key: "execute_delay_ms" value {{ string_value: "{delay}" }} }}
 """
 VALUES = np.arange(4, dtype=np.float32)
+BODY = b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[0,1,2,3]}]}'  # raw HTTP
 
 
 def _repo(tmp_path: Path, delay_ms: int, instances: int = 2) -> Path:
@@ -48,12 +49,12 @@ def _http_infer(url: str) -> np.ndarray:
     return client.infer("delayed", [tensor]).as_numpy("OUTPUT0")
 
 
-def _grpc_infer(url: str) -> np.ndarray:
+def _grpc_infer(url: str, timeout: float = 60) -> np.ndarray:
     client = grpcclient.InferenceServerClient(url)
     tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
     tensor.set_data_from_numpy(VALUES)
     try:
-        return client.infer("delayed", [tensor], client_timeout=60).as_numpy("OUTPUT0")
+        return client.infer("delayed", [tensor], client_timeout=timeout).as_numpy("OUTPUT0")
     finally:
         client.close()
 
@@ -102,8 +103,7 @@ def test_sigterm_completes_in_flight_requests_refuses_new_connections_and_exits_
         signalled = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
         assert _refused_soon(server.url)  # while the four drain
-        body = b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[0,1,2,3]}]}'
-        kept.request("POST", "/v2/models/delayed/infer", body)
+        kept.request("POST", "/v2/models/delayed/infer", BODY)
         answer = kept.getresponse()
         assert answer.status == 503 and b"shutting down" in answer.read()
         kept.close()
@@ -158,8 +158,7 @@ def test_requests_whose_clients_left_while_queued_do_not_hold_up_the_exit(tmp_pa
     answered nothing is in flight, and SIGTERM exits at once. (They stayed counted in flight, so
     every graceful stop after such a client waited out the whole --exit-timeout-secs.)"""
     server = start_server(["--model-repository", str(_repo(tmp_path, 1500, instances=1)), "--exit-timeout-secs=60"])
-    body = b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[0,1,2,3]}]}'
-    request = (b"POST /v2/models/delayed/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    request = (b"POST /v2/models/delayed/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(BODY)) + BODY
     host, port = server.url.rsplit(":", 1)
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(_http_infer, server.url)
@@ -167,14 +166,8 @@ def test_requests_whose_clients_left_while_queued_do_not_hold_up_the_exit(tmp_pa
         with socket.create_connection((host, int(port))) as leaving:
             leaving.sendall(request)
             wait_pending(server.metrics_port, "delayed", 1)
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
-        tensor.set_data_from_numpy(VALUES)
-        try:
-            with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
-                client.infer("delayed", [tensor], client_timeout=0.3)
-        finally:
-            client.close()
+        with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+            _grpc_infer(server.grpc_url, timeout=0.3)
         wait_pending(server.metrics_port, "delayed", 0)  # both left the queue
         np.testing.assert_array_equal(running.result(timeout=30), VALUES)
     signalled = time.monotonic()
