@@ -53,6 +53,7 @@ import os
 import platform
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -320,6 +321,9 @@ def unavailable_reason(name: str) -> str | None:
 
 def write_naiad_repo() -> Path:
     """A one-model repository: the chosen model served by the "llm" backend."""
+    # Only this run's model: a directory left by a run of the other model would be served too,
+    # its idle engine core (and its KV cache) beside the one measured.
+    shutil.rmtree(NAIAD_REPO, ignore_errors=True)
     model = NAIAD_REPO / CHOSEN.name
     (model / "1").mkdir(parents=True, exist_ok=True)
     params = {
