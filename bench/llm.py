@@ -23,7 +23,9 @@ Also measured:
   overhead is the gap between this and the served figure. Runs while no server is up.
 - **bandwidth ceiling** at 1 stream (bench/bandwidth.py): the bytes of weights one decode step
   reads over the rate this machine reads a buffer of that size, measured just before and after
-  the engine's one-stream steps; the engine's and naiad's served tokens/s are shown as ratios.
+  the engine's one-stream steps (the engine's ratio), and again just before and after each
+  server's one-stream point, with that server up and idle (its served ratio): this VM's read
+  rate moved x1.9 within ten minutes, so a rate read minutes away from a point says little of it.
 - **prefix cache**: on each server, TTFT of a request whose prompt shares a 1,000-token prefix
   with an earlier finished request (hit) against one with a fresh 1,000-token prompt (miss),
   median of a few pairs; the ratio miss/hit (issue 6 targets >= 5x for naiad).
@@ -390,29 +392,44 @@ def start(name: str, timeout_s: float, prefix_mode: bool = False) -> tuple[Serve
 
 
 def measure_server(name: str, base: str, server: Server, load: dict[int, list[str]], warmup: list[str],
-                   prefix_pairs: list[tuple[str, str, str]]) -> dict[str, Any]:
-    """Warm-up, then every load point, then the prefix-cache pairs, on one running server."""
+                   prefix_pairs: list[tuple[str, str, str]], read_bytes: int | None = None) -> dict[str, Any]:
+    """Warm-up, then every load point, then the prefix-cache pairs, on one running server.
+    With `read_bytes` (the bytes of weights one decode step reads), the one-stream point also
+    gets the bandwidth ceiling read just before and just after it."""
+    if read_bytes:
+        from bandwidth import ceiling_tokens_per_s, read_rate  # torch: only where a ceiling is read
     out: dict[str, Any] = {"points": [], "prefix": None}
     results, _ = asyncio.run(run_load(base, warmup, len(warmup), 16))
     bad = [r.error for r in results if r.error]
     if bad:
         raise BenchError(f"{name}: warm-up failed: {bad[0]}")
     for streams, prompts in load.items():
+        rates = [read_rate(read_bytes)] if read_bytes and streams == 1 else []
         cpu0 = tree_cpu_seconds(server.proc.pid)
         results, wall = asyncio.run(run_load(base, prompts, streams, NEW_TOKENS))
         cpu_s = tree_cpu_seconds(server.proc.pid) - cpu0
         point = summarize(name, streams, results, wall, cpu_s)
+        beside: dict[str, Any] = {}
+        if read_bytes and rates:
+            rates.append(read_rate(read_bytes))
+            bound = ceiling_tokens_per_s(read_bytes, statistics.mean(rates))
+            beside = {"ceiling_read_gb_s": [rate / 1e9 for rate in rates], "ceiling_tokens_per_s": bound,
+                      "served_over_ceiling": point.tokens_per_s / bound}
         prompt_tokens = {r.prompt_tokens for r in results if r.prompt_tokens is not None}
         print(f"  {LABELS[name]:<12} c={streams:<3} {point.tokens_per_s:7.1f} tok/s  TTFT p50 "
               f"{fmt(point.ttft_p50_ms, ',.0f')} ms  ITL p50 {fmt(point.itl_p50_ms, ',.1f')} ms  "
               f"{point.cpu_ms_per_token:.1f} CPU-ms/token  ({point.ok}/{point.requests} ok, {wall:.1f} s"
               f"{', prompt tokens ' + str(sorted(prompt_tokens)) if prompt_tokens else ''})", flush=True)
+        if beside:
+            print(f"  {'':<12} ÷ the bandwidth ceiling read beside it ({beside['ceiling_tokens_per_s']:.1f} tok/s "
+                  f"at {statistics.mean(beside['ceiling_read_gb_s']):.1f} GB/s): {beside['served_over_ceiling']:.2f}",
+                  flush=True)
         for err in point.errors:
             print(f"    error: {err}", flush=True)
         if server.proc.poll() is not None:
             raise BenchError(f"{name} exited with {server.proc.returncode} ({server.log}):\n{tail(server.log, 25)}")
         by_send = sorted((r for r in results if r.ttft_s is not None), key=lambda r: r.sent_s)
-        out["points"].append(asdict(point) | {
+        out["points"].append(asdict(point) | beside | {
             "prompt_tokens_reported": sorted(prompt_tokens),
             "ttft_ms_in_send_order": [round(r.ttft_s * 1e3, 1) for r in by_send if r.ttft_s is not None],
         })
@@ -554,6 +571,9 @@ def print_table(doc: dict[str, Any]) -> None:
               f"a step at {statistics.mean(one['read_gb_s']):.1f} GB/s, read in this run)")
         print(f"naiad engine ÷ ceiling {ratio(one['tokens_per_s'], bound)}; naiad served ÷ ceiling "
               f"{ratio(served['tokens_per_s'] if served else None, bound)}")
+    if served is not None and "served_over_ceiling" in served:
+        print(f"naiad served ÷ the ceiling read just before and after its own one-stream point: "
+              f"{with_rounds(served['served_over_ceiling_rounds'])}")
         by_round = [next((row for row in r.get("engine_ceiling") or [] if "bandwidth_ceiling_tokens_per_s" in row),
                          None) for r in doc.get("rounds", [])]
         if len(by_round) > 1:  # the read rate is the process's memory state: say it round by round
@@ -582,10 +602,12 @@ def run_round(args: argparse.Namespace, prompts: Prompts, load: dict[int, list[s
               prefix_pairs: list[tuple[str, str, str]], unavailable: dict[str, str]) -> dict[str, Any]:
     """The engine ceiling, then each server in turn (a server found unavailable is skipped from then on)."""
     one: dict[str, Any] = {"servers": {}, "engine_ceiling": None, "loadavg_start": os.getloadavg()}
+    read_bytes = None  # the bytes one decode step reads, from the engine ceiling: a served ceiling needs it
     if not args.no_ceiling:
         print(f"naiad engine ceiling (in-process LLMEngine, {CHOSEN.name}, no server)", flush=True)
         try:
             one["engine_ceiling"] = engine_ceiling(args.streams, prompts, args.ceiling_steps)
+            read_bytes = next((row["read_bytes"] for row in one["engine_ceiling"] if "read_bytes" in row), None)
         except Exception as err:  # the served benchmark still runs; say why the ceiling is missing
             print(f"  engine ceiling failed: {type(err).__name__}: {err}", flush=True)
             one["engine_ceiling_error"] = f"{type(err).__name__}: {err}"
@@ -601,7 +623,7 @@ def run_round(args: argparse.Namespace, prompts: Prompts, load: dict[int, list[s
             t = time.monotonic()
             server, base = start(name, args.start_timeout)
             print(f"  ready after {time.monotonic() - t:.0f} s", flush=True)
-            one["servers"][name] = measure_server(name, base, server, load, warmup, prefix_pairs)
+            one["servers"][name] = measure_server(name, base, server, load, warmup, prefix_pairs, read_bytes)
             if prefix_pairs and name in PREFIX_RESTART:
                 server.stop(30)
                 server, base = start(name, args.start_timeout, prefix_mode=True)
@@ -635,6 +657,9 @@ def merge_rounds(rounds: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dic
                       "requests": sum(p["requests"] for p in rows), "ok": sum(p["ok"] for p in rows)}
             for key in ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "cpu_ms_per_token"):
                 merged[key] = median_of(rows, key)
+            beside = [p["served_over_ceiling"] for p in rows if "served_over_ceiling" in p]
+            if beside:  # the median of the rounds' own ratios (each against the rate read beside it)
+                merged |= {"served_over_ceiling": statistics.median(beside), "served_over_ceiling_rounds": beside}
             points.append(merged)
         servers[name] = {"points": points, "prefix": next((m["prefix"] for m in measured if m.get("prefix")), None)}
     ceilings = [r["engine_ceiling"] for r in rounds if r.get("engine_ceiling")]
