@@ -421,9 +421,9 @@ def measure_server(name: str, base: str, server: Server, load: dict[int, list[st
               f"{point.cpu_ms_per_token:.1f} CPU-ms/token  ({point.ok}/{point.requests} ok, {wall:.1f} s"
               f"{', prompt tokens ' + str(sorted(prompt_tokens)) if prompt_tokens else ''})", flush=True)
         if beside:
-            print(f"  {'':<12} ÷ the bandwidth ceiling read beside it ({beside['ceiling_tokens_per_s']:.1f} tok/s "
-                  f"at {statistics.mean(beside['ceiling_read_gb_s']):.1f} GB/s): {beside['served_over_ceiling']:.2f}",
-                  flush=True)
+            before, after = beside["ceiling_read_gb_s"]  # far apart: the machine changed state meanwhile
+            print(f"  {'':<12} ÷ the bandwidth ceiling read beside it ({beside['ceiling_tokens_per_s']:.1f} tok/s; "
+                  f"{before:.1f} GB/s before, {after:.1f} after): {beside['served_over_ceiling']:.2f}", flush=True)
         for err in point.errors:
             print(f"    error: {err}", flush=True)
         if server.proc.poll() is not None:
