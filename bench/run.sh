@@ -23,6 +23,8 @@ run .venv/bin/python bench/batching.py --rounds 3
 run .venv/bin/python bench/python_backend.py --rounds 3
 # Where one Python-backend request's CPU goes (issue 21): a floor, then naiad's HTTP layer, codec, core and Python backend, beside Triton (c=1).
 run .venv/bin/python bench/request_budget.py --triton
+# The same request's instructions, process by process, naiad beside Triton, under valgrind: figures that do not move with the load.
+run .venv/bin/python bench/instructions.py --triton
 # Ensemble: minilm_embed (tokenizer -> MiniLM encoder -> pooling) at c=32 vs the same three steps in-process.
 run .venv/bin/python bench/ensemble.py --rounds 3
 # Backends: each CPU backend's throughput on the same MLP at c=32 vs its framework in-process.
