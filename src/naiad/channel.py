@@ -244,11 +244,7 @@ class Channel(Generic[M]):
         messages: list[M] = []
         drained = False
         while True:
-            while self.has_frame():
-                try:
-                    messages.append(self.recv())
-                except msgspec.DecodeError:
-                    log.exception("a message on the channel could not be decoded (dropped)")
+            self._take_whole(messages)
             if drained:
                 # The last read took less than it was offered: the socket was empty, and reading
                 # again would only fail (EAGAIN). Bytes that arrive later wake the loop again.
@@ -262,6 +258,24 @@ class Channel(Generic[M]):
                     self._closed = True
                     return messages
                 raise
+
+    def _take_whole(self, messages: list[M]) -> None:
+        """Decode every whole message in the buffer onto `messages`, leaving a partial one where it
+        is; one that does not decode is logged and dropped. (`recv`'s work, in one loop over
+        locals: the event loop calls this for every answer a model process or engine core sends.)"""
+        start, end, data = self._start, self._end, self._in
+        while end - start >= 4:
+            stop = start + 4 + _LENGTH.unpack_from(data, start)[0]
+            if stop > end:
+                break
+            begin = start + 4
+            start = self._start = stop  # past the frame before decoding it, as recv
+            try:
+                messages.append(self._decoder.decode(self._view[begin:stop]))
+            except msgspec.DecodeError:
+                log.exception("a message on the channel could not be decoded (dropped)")
+        if start == end:
+            self._start = self._end = 0  # (the bytes stay until the next read)
 
     def take_fd(self) -> int:
         """The descriptor that came with the message just received (a Python model's `Segment`)."""
