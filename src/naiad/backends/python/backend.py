@@ -335,7 +335,8 @@ class PythonInstance(ModelInstance):
 
     def _on_message(self, message: Any) -> None:
         if isinstance(message, p.Executed):
-            self._free(message.frees)
+            if message.frees:  # (rarely: small tensors travel inline)
+                self._free(message.frees)
             self._on_executed(message)
         elif isinstance(message, p.Sent):
             self._free(message.frees)
