@@ -199,9 +199,15 @@ def _decode_inputs(header: dict[str, Any], body: _Body) -> list[Tensor]:
 def _input_head(item: dict[str, Any], model_name: str) -> _InputHead:
     parameters = item.get("parameters")
     parameters = parameters if isinstance(parameters, dict) else {}
-    _check_content_fields(item, parameters)
-    name = _member_str(item, "name")
-    datatype_name = _member_str(item, "datatype")
+    if ("data" in item) + ("binary_data_size" in parameters) + ("shared_memory_region" in parameters) != 1:
+        _check_content_fields(item, parameters)  # raises
+    # The checks inline for the usual request; the helper says what is wrong with another.
+    name = item.get("name")
+    if type(name) is not str:
+        name = _member_str(item, "name")
+    datatype_name = item.get("datatype")
+    if type(datatype_name) is not str:
+        datatype_name = _member_str(item, "datatype")
     shape = item.get("shape", _MISSING)
     if shape is _MISSING:
         raise _input_error(name, "Unable to parse 'shape': attempt to access non-existing object member 'shape'")
