@@ -571,15 +571,15 @@ def print_table(doc: dict[str, Any]) -> None:
               f"a step at {statistics.mean(one['read_gb_s']):.1f} GB/s, read in this run)")
         print(f"naiad engine ÷ ceiling {ratio(one['tokens_per_s'], bound)}; naiad served ÷ ceiling "
               f"{ratio(served['tokens_per_s'] if served else None, bound)}")
-    if served is not None and "served_over_ceiling" in served:
-        print(f"naiad served ÷ the ceiling read just before and after its own one-stream point: "
-              f"{with_rounds(served['served_over_ceiling_rounds'])}")
         by_round = [next((row for row in r.get("engine_ceiling") or [] if "bandwidth_ceiling_tokens_per_s" in row),
                          None) for r in doc.get("rounds", [])]
         if len(by_round) > 1:  # the read rate is the process's memory state: say it round by round
             print("each round: " + "; ".join(
                 f"engine ÷ ceiling {ratio(row['tokens_per_s'], row['bandwidth_ceiling_tokens_per_s'])} at "
                 f"{statistics.mean(row['read_gb_s']):.1f} GB/s" for row in by_round if row is not None))
+    if served is not None and "served_over_ceiling" in served:
+        print(f"naiad served ÷ the ceiling read just before and after its own one-stream point: "
+              f"{with_rounds(served['served_over_ceiling_rounds'])}")
     prefix = {s: v["prefix"] for s, v in doc["servers"].items() if v.get("prefix")}
     if prefix:
         print(f"\n### Prefix cache: TTFT with a shared {PREFIX_TOKENS}-token prefix (hit) vs a fresh prompt (miss)")
