@@ -179,6 +179,22 @@ def test_a_message_that_does_not_decode_is_dropped_and_the_others_arrive() -> No
     assert receiver.recv_ready() == [Note("after")]  # the bad frame is not met again
 
 
+def test_a_loop_reading_a_byte_at_a_time_gets_every_message_once_in_order() -> None:
+    """Reads that end anywhere (inside a length, between frames, inside a body) leave the partial
+    frame for the next read; whole ones come out once, in order."""
+    left, right = socket.socketpair()
+    receiver = Channel(right, DECODER)
+    receiver.set_nonblocking()
+    notes = [Note("a", 1), Note("", 2), Note("ccc" * 50, 3)]
+    stream = b"".join(len(frame).to_bytes(4, "little") + frame for frame in map(msgspec.msgpack.encode, notes))
+    received: list[Message] = []
+    for offset in range(len(stream)):
+        left.sendall(stream[offset : offset + 1])
+        received += receiver.recv_ready()
+    assert received == notes
+    assert receiver.recv_ready() == []
+
+
 # ------------------------------------------------------------- the end an event loop reads
 
 
