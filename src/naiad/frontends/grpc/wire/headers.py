@@ -79,17 +79,23 @@ def literal(name: bytes, value: bytes) -> bytes:
 
 
 def response_headers(encoding: bytes | None = None) -> bytes:
-    block = _STATUS_200 + literal(b"content-type", b"application/grpc")
-    return block + literal(b"grpc-encoding", encoding) if encoding else block
+    return _HEADERS + literal(b"grpc-encoding", encoding) if encoding else _HEADERS
 
 
 def trailers(code: int, message: str = "", headers_too: bool = False) -> bytes:
     """The trailers of a call; `headers_too` for a trailers-only answer (no message was sent)."""
-    block = response_headers() if headers_too else b""
+    if code == 0 and not message and not headers_too:
+        return _TRAILERS_OK  # (almost every call's)
+    block = _HEADERS if headers_too else b""
     block += literal(b"grpc-status", str(code).encode())
     if message:
         block += literal(b"grpc-message", _grpc_message(message))
     return block
+
+
+# Every response's headers and a successful call's trailers, encoded once.
+_HEADERS = _STATUS_200 + literal(b"content-type", b"application/grpc")
+_TRAILERS_OK = literal(b"grpc-status", b"0")
 
 
 def _grpc_message(message: str) -> bytes:
