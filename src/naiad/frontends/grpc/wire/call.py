@@ -48,7 +48,7 @@ class Call:
         self.remote_closed = False
         self.max_message_size = max_message_size
         found = dict(headers)
-        self.accepts = {e.strip() for e in found.get(b"grpc-accept-encoding", b"").decode("latin-1").split(",")}
+        self.accepts = _accepted(found.get(b"grpc-accept-encoding", b""))
         self.reader = MessageReader(max_message_size, _text(found.get(b"grpc-encoding")))
         self.requests: list[Any] = []
         self.queue: asyncio.Queue[Any] | None = asyncio.Queue() if route.client_streaming else None
@@ -241,6 +241,21 @@ class Call:
             return self.route.request_type.FromString(data)
         except DecodeError as error:
             raise CallError(grpc.StatusCode.INTERNAL, f"grpc: failed to parse the request: {error}") from None
+
+
+def _accepted(value: bytes) -> frozenset[str]:
+    """The encodings a grpc-accept-encoding value names. A client sends the same value on every
+    call: parsed once per value, for a bounded number of values (a client picks them)."""
+    accepts = _ACCEPTED.get(value)
+    if accepts is None:
+        accepts = frozenset(name.strip() for name in value.decode("latin-1").split(","))
+        if len(_ACCEPTED) < _ACCEPTED_LIMIT:
+            _ACCEPTED[value] = accepts
+    return accepts
+
+
+_ACCEPTED: dict[bytes, frozenset[str]] = {}
+_ACCEPTED_LIMIT = 64
 
 
 def _text(value: bytes | None) -> str | None:
