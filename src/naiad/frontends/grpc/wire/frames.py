@@ -111,11 +111,16 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[Frame]:
         buffer = self._buffer
-        buffer += data
+        # Frames are cut from `data` itself when nothing was left over (most reads): a slice of
+        # bytes is the payload, where one of the buffer would be copied twice.
+        source: bytes | bytearray = data
+        if buffer:
+            buffer += data
+            source = buffer
         frames: list[Frame] = []
-        start, end = 0, len(buffer)
+        start, end = 0, len(source)
         while end - start >= 9:
-            high, low, kind, flags, stream_id = _HEAD.unpack_from(buffer, start)
+            high, low, kind, flags, stream_id = _HEAD.unpack_from(source, start)
             size = high << 16 | low
             if size > self.max_frame_size:
                 raise ProtocolError(f"frame of {size} bytes exceeds the maximum {self.max_frame_size}",
@@ -123,7 +128,10 @@ class FrameReader:
             if end - start - 9 < size:
                 break
             body = start + 9
-            frames.append(Frame(kind, flags, stream_id & MAX_WINDOW, bytes(buffer[body:body + size])))
+            frames.append(Frame(kind, flags, stream_id & MAX_WINDOW, bytes(source[body:body + size])))
             start = body + size
-        del buffer[:start]
+        if source is buffer:
+            del buffer[:start]
+        elif start < end:
+            buffer += data[start:]  # the start of a frame whose rest comes later
         return frames
