@@ -147,3 +147,18 @@ def test_ping_schedule() -> None:
     assert [schedule.should_ping(idle=False) for _ in range(3)] == [True, True, False]
     schedule.sent_data()
     assert schedule.should_ping(idle=False)
+
+
+def test_accept_encoding_values_are_parsed_once_and_a_client_cannot_grow_the_cache() -> None:
+    from naiad.frontends.grpc.wire import call
+
+    value = b"identity, deflate,gzip"
+    first = call._accepted(value)
+    assert first == {"identity", "deflate", "gzip"}
+    assert call._accepted(bytes(value)) is first  # the same value: parsed once
+    long = b",".join(b"x%d" % i for i in range(100))
+    assert len(long) > call._ACCEPTED_LENGTH and "x99" in call._accepted(long)
+    assert long not in call._ACCEPTED  # answered, not kept
+    for i in range(3 * call._ACCEPTED_LIMIT):
+        assert call._accepted(b"gzip,e%d" % i) == {"gzip", f"e{i}"}
+    assert len(call._ACCEPTED) <= call._ACCEPTED_LIMIT

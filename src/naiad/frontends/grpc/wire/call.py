@@ -245,17 +245,18 @@ class Call:
 
 def _accepted(value: bytes) -> frozenset[str]:
     """The encodings a grpc-accept-encoding value names. A client sends the same value on every
-    call: parsed once per value, for a bounded number of values (a client picks them)."""
+    call: parsed once per value, for a bounded number of short values (a client picks them)."""
     accepts = _ACCEPTED.get(value)
     if accepts is None:
         accepts = frozenset(name.strip() for name in value.decode("latin-1").split(","))
-        if len(_ACCEPTED) < _ACCEPTED_LIMIT:
+        if len(_ACCEPTED) < _ACCEPTED_LIMIT and len(value) <= _ACCEPTED_LENGTH:
             _ACCEPTED[value] = accepts
     return accepts
 
 
 _ACCEPTED: dict[bytes, frozenset[str]] = {}
-_ACCEPTED_LIMIT = 64
+_ACCEPTED_LIMIT = 64  # values kept
+_ACCEPTED_LENGTH = 128  # the longest value kept ("identity,deflate,gzip" is 21): a few KB in all
 
 
 def _text(value: bytes | None) -> str | None:
