@@ -212,7 +212,7 @@ class Channel(_Channel[Message]):
 
 
 def flat_frees(items: list[tuple[int, int]]) -> list[int]:
-    return [value for pair in items for value in pair]
+    return [value for pair in items for value in pair] if items else []
 
 
 def pairs(flat: list[int]) -> list[tuple[int, int]]:

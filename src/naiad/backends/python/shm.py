@@ -175,6 +175,8 @@ class PendingFrees:
             self._items.append((segment, offset))
 
     def take(self) -> list[tuple[int, int]]:
+        if not self._items:
+            return []  # (most messages) one added meanwhile goes with a later message, as after a take
         with self._lock:
             items, self._items = self._items, []
         return items
