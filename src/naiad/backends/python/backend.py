@@ -402,7 +402,10 @@ class PythonInstance(ModelInstance):
 
     def _idle_before(self, newest: int) -> bool:
         """Whether every batch up to id `newest` has executed (a snapshot: other threads may submit)."""
-        return all(other.executed or other.batch_id > newest for other in list(self._pending.values()))
+        pending = self._pending
+        if len(pending) == 1:
+            return True  # only the batch just answered (any other came after `newest` was read)
+        return all(other.executed or other.batch_id > newest for other in list(pending.values()))
 
     def _mark_executed(self, pending: _Pending, times: ExecutionTimes | None = None) -> None:
         """The model is done executing the batch (or its process died): the scheduler may give
