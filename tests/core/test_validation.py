@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from naiad.core.validation import RequestValidator
 from naiad.errors import InvalidArgument
@@ -77,3 +79,37 @@ def test_inputs_the_sequence_batcher_fills_are_neither_required_nor_accepted():
     with pytest.raises(InvalidArgument, match="unexpected inference input 'START' for model 'simple'"):
         validator.validate(_request(_tensor("INPUT0", (1, 16)), _tensor("INPUT1", (1, 16)),
                                     _tensor("START", (1, 1))))
+
+
+# The one-pass check (`_passes`) must never let through a request that the checks one by one
+# would refuse: for every request it passes, `validate`'s worded checks find nothing either.
+_NAMES = st.sampled_from(["A", "B", "C", "X"])
+_DIMS = st.lists(st.integers(-2, 9), min_size=0, max_size=3).map(tuple)
+_TYPES = st.sampled_from([DataType.FP32, DataType.INT32])
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(max_batch_size=st.integers(0, 4),
+       specs=st.lists(st.tuples(_TYPES, st.lists(st.sampled_from([-1, 1, 2, 3]), min_size=1, max_size=3).map(tuple),
+                                st.booleans()), min_size=1, max_size=3),
+       tensors=st.lists(st.tuples(_NAMES, _TYPES, _DIMS), max_size=4),
+       outputs=st.one_of(st.none(), st.lists(st.sampled_from(["OUT", "NOPE"]), max_size=2)))
+def test_the_one_pass_check_agrees_with_the_worded_checks(max_batch_size, specs, tensors, outputs):
+    inputs = [TensorSpec(name, datatype, shape, optional=optional)
+              for name, (datatype, shape, optional) in zip("ABC", specs, strict=False)]
+    validator = RequestValidator("m", max_batch_size, inputs, [TensorSpec("OUT", DataType.FP32, (-1,))])
+    request = InferRequest("m", None, [Tensor(name, datatype, shape, np.zeros(0)) for name, datatype, shape in tensors],
+                           None if outputs is None else [RequestedOutput(name) for name in outputs])
+    try:
+        validator._check_each(request)
+        worded_error = None
+    except InvalidArgument as error:
+        worded_error = error
+    if validator._passes(request):
+        assert worded_error is None
+
+
+def test_the_one_pass_check_takes_the_usual_request():
+    assert VALIDATOR._passes(_request(_tensor("INPUT0", (2, 16)), _tensor("INPUT1", (2, 16))))
+    assert not VALIDATOR._passes(_request(_tensor("INPUT0", (2, 16)), _tensor("INPUT0", (2, 16))))
+    assert not VALIDATOR._passes(_request(_tensor("INPUT0", (2, 16)), _tensor("INPUT1", (3, 16))))
