@@ -81,7 +81,8 @@ class InstanceWorker:
     def _batch(self, jobs: list[Job], executed: Callable[[], None]) -> tuple[Batch, BatchDelivery]:
         """The batch of `jobs` for the instance, and the sender that answers them."""
         delivery = BatchDelivery(self.responder, jobs, executed)
-        return Batch([job.request for job in jobs], self.batched, self.layout, delivery.is_cancelled), delivery
+        requests = [jobs[0].request] if len(jobs) == 1 else [job.request for job in jobs]
+        return Batch(requests, self.batched, self.layout, delivery.is_cancelled), delivery
 
 
 def _releasing(executed: Callable[[], None], limiter: RateLimiter, needs: Needs) -> Callable[[], None]:

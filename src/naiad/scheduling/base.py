@@ -240,8 +240,10 @@ class PumpedScheduler(Scheduler):
             while plan is not None:
                 for job, error in plan.drops:
                     self._drop(job, error)
-                refused = [(index, jobs) for index, jobs in plan.starts
-                           if not self._workers[index].run(jobs, self._executed_callbacks[index])]
+                refused: list[tuple[int, list[Job]]] = []
+                for index, jobs in plan.starts:  # a loop, not a comprehension: no call per plan
+                    if not self._workers[index].run(jobs, self._executed_callbacks[index]):
+                        refused.append((index, jobs))
                 with self._lock:
                     for index, jobs in reversed(refused):
                         self._held[index] -= 1
@@ -300,6 +302,9 @@ class PumpedScheduler(Scheduler):
 
     def _free_workers(self) -> list[int]:
         """Workers that may take a batch now (under the lock), least busy first."""
+        held = self._held
+        if len(held) == 1:  # one instance (the common case): no comprehension
+            return [0] if held[0] < self._depths[0] and not self._refused[0] else []
         free = [i for i, held in enumerate(self._held) if held < self._depths[i] and not self._refused[i]]
         if len(free) > 1:
             free.sort(key=self._held.__getitem__)

@@ -525,7 +525,10 @@ def _array(process: StubProcess, ref: p.TensorRef) -> np.ndarray:
 
 
 def _outputs(process: StubProcess, response: p.Response) -> ParameterizedOutputs:
-    outputs = ParameterizedOutputs({ref.name: _array(process, ref) for ref in response.outputs})
+    outputs = ParameterizedOutputs()
+    segments = process.segments
+    for ref in response.outputs:  # a loop over _array's body: two calls fewer per response
+        outputs[ref.name] = p.tensor_array(segments, ref, _NUMPY_TYPES[ref.datatype])
     if response.parameters and response.parameters != "{}":
         outputs.parameters = json.loads(response.parameters)
     return outputs
