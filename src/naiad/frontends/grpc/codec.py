@@ -107,7 +107,8 @@ def encode_infer_response(response: InferResponse,
         encode_parameters(message.parameters, response.parameters)
     raws: list[bytes] = []
     for tensor in response.outputs:
-        output = message.outputs.add(name=tensor.name, datatype=tensor.datatype.value, shape=tensor.shape)
+        # a DataType is its name (a str enum): no `.value`, an enum property lookup per output
+        output = message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         if tensor.parameters:
             encode_parameters(output.parameters, tensor.parameters)
         if tensor.name in in_shared_memory:

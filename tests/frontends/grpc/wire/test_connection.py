@@ -397,3 +397,69 @@ def test_a_stream_whose_reader_falls_behind_gets_no_window_back_until_it_catches
         assert granted() > 0  # caught up: the window is back
 
     run(body)
+
+
+def _answer_now(request: Request, call: Any) -> bool:
+    """A `Route.soon` that answers on the spot, as the inference service does when it can."""
+    call.answer(pb.ModelInferResponse(id=request.id, model_name="x" * int(request.model_version or 0)))
+    return True
+
+
+SOON_ROUTES = {b"/t.S/Echo": Route("Echo", Request, echo, False, False, soon=_answer_now)}
+
+
+def test_a_unary_answer_goes_out_as_headers_one_data_frame_and_trailers() -> None:
+    async def body() -> None:
+        client = Client(routes=SOON_ROUTES)
+        client.received()
+        client.call(1, "/t.S/Echo", Request(id="one", model_version="3"))
+        await settle()
+        stream = client.received()[1]
+        assert [(x.kind, x.flags) for x in stream.frames] == [
+            (f.HEADERS, f.END_HEADERS), (f.DATA, 0), (f.HEADERS, f.END_HEADERS | f.END_STREAM)]
+        assert stream.headers == [(":status", "200"), ("content-type", "application/grpc")]
+        assert pb.ModelInferResponse.FromString(_messages(stream.data)[0]).id == "one"
+        assert stream.trailers == {"grpc-status": "0"}
+        assert not client.connection.calls  # the call is over
+        assert client.connection.flow.sending == {}
+
+    run(body)
+
+
+def test_a_unary_answer_the_window_cannot_take_waits_for_it() -> None:
+    async def body() -> None:
+        client = Client(routes=SOON_ROUTES)
+        client.send(f.settings({f.INITIAL_WINDOW_SIZE: 10}))
+        client.call(1, "/t.S/Echo", Request(model_version="100"))  # a ~110-byte answer
+        await settle()
+        stream = client.received()[1]
+        assert stream.headers and len(stream.data) == 10 and not stream.trailers
+        client.send(f.window_update(1, 1000))
+        stream = client.received()[1]
+        assert stream.trailers == {"grpc-status": "0"}
+        assert pb.ModelInferResponse.FromString(_messages(stream.data)[0]).model_name == "x" * 100
+        assert not client.connection.calls
+
+    run(body)
+
+
+def test_a_unary_answer_waits_while_the_socket_is_full_and_one_too_large_is_refused() -> None:
+    async def body() -> None:
+        client = Client(GrpcOptions(max_message_size=50), routes=SOON_ROUTES)
+        client.received()
+        client.connection.pause_writing()
+        client.call(1, "/t.S/Echo", Request(id="a"))
+        await settle()
+        held = client.received()[1]
+        assert held.data == b"" and not held.trailers  # no DATA while the socket is full
+        client.connection.resume_writing()
+        await settle()
+        stream = client.received()[1]
+        assert pb.ModelInferResponse.FromString(_messages(stream.data)[0]).id == "a"
+        assert stream.trailers == {"grpc-status": "0"}
+        client.call(3, "/t.S/Echo", Request(model_version="100"))  # too large to send
+        await settle()
+        stream = client.received()[3]
+        assert stream.trailers["grpc-status"] == "8" and stream.data == b""
+
+    run(body)

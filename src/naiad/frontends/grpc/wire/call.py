@@ -31,6 +31,8 @@ _TOO_MANY = "grpc: Too many request messages for a unary call"
 _MISSING = "grpc: Missing request message for a unary call"
 _BACKLOG = 4  # messages of a stream waiting unread before its window is held back
 _HIDDEN = frozenset({b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"})
+# each status's number (StatusCode's value is a tuple behind an enum property: two lookups a call)
+_CODE_NUMBERS = {code: int(code.value[0]) for code in grpc.StatusCode}
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
@@ -163,13 +165,19 @@ class Call:
     def send(self, payload: bytes) -> None:
         if self.closed:
             return
+        self._send_packed(self._pack(payload))
+
+    def _pack(self, payload: bytes) -> list[bytes]:
         if len(payload) > self.max_message_size:
             raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"grpc: trying to send message larger than max ({len(payload)} vs. "
                             f"{self.max_message_size})")
+        return pack(payload, self.encoding)
+
+    def _send_packed(self, pieces: list[bytes]) -> None:
         if not self.headers_sent:
             self.connection.send_headers(self)
-        if not self.connection.send_data(self, pack(payload, self.encoding)):
+        if not self.connection.send_data(self, pieces):
             raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             "the connection holds too many responses its client has not read "
                             "(--grpc-max-unsent-bytes)")
@@ -177,8 +185,16 @@ class Call:
     def answer(self, message: Message) -> None:
         """The one response of a unary call that `Route.soon` took, then its OK trailers."""
         self.on_cancel = None
+        if self.closed:
+            return
         try:
-            self.send(message.SerializeToString())
+            pieces = self._pack(message.SerializeToString())
+            # nearly always: headers, message and trailers in one go
+            if not self.headers_sent and self.connection.answer_unary(self, pieces):
+                if self.deadline is not None:
+                    self.deadline.cancel()
+                return
+            self._send_packed(pieces)
         except CallError as error:
             self.finish(error.code, error.message)
             return
@@ -189,7 +205,7 @@ class Call:
             return
         if self.deadline is not None:
             self.deadline.cancel()
-        self.connection.send_trailers(self, int(code.value[0]), message)
+        self.connection.send_trailers(self, _CODE_NUMBERS[code], message)
 
     # -- the servicer's task ---------------------------------------------------------------
 

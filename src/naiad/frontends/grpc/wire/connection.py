@@ -348,6 +348,20 @@ class Connection(asyncio.Protocol):
         self.emit(f.frame(f.HEADERS, f.END_HEADERS, call.stream_id, response_headers(encoding)))
         self.lifetime.sent_data()
 
+    def answer_unary(self, call: Call, pieces: list[bytes]) -> bool:
+        """Headers, the one message and OK trailers of a unary call that sent nothing yet, in one
+        go, when the windows and the socket take the message now; False: nothing was sent."""
+        encoding = call.encoding.encode() if call.encoding else None
+        stream_id = call.stream_id
+        if not self.outbox.unary(stream_id, response_headers(encoding), pieces, sum(map(len, pieces)),
+                                 trailers(0)):
+            return False
+        call.headers_sent = True
+        call.closed = True
+        self.floods.data_sent()
+        self._ended(stream_id)  # (which tells the keepalive policy that data went out)
+        return True
+
     def send_data(self, call: Call, pieces: list[bytes]) -> bool:
         """A message for the client; False when the connection already holds too much unsent."""
         return self.outbox.data(call.stream_id, pieces, sum(len(piece) for piece in pieces))

@@ -101,6 +101,24 @@ class Outbox:
         self.drain(stream_id)
         return True
 
+    def unary(self, stream_id: int, headers: bytes, pieces: list[bytes], size: int, trailers: bytes) -> bool:
+        """A unary call's whole answer, HEADERS, its message as one DATA frame and the trailers,
+        queued in one go when the windows and the socket take the message now (nearly always);
+        False: nothing was queued (send it with `data` and `trailers`). The caller reports the
+        DATA and the stream's end itself (no `on_data` or `on_done` from here)."""
+        if self.paused or stream_id in self.waiting or size > self.flow.budget(stream_id, self.max_frame):
+            return False
+        out = self.out
+        out.append(f.frame(f.HEADERS, f.END_HEADERS, stream_id, headers))
+        out.append(f.head(f.DATA, 0, stream_id, size))
+        out.extend(pieces)
+        out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, trailers))
+        self.flow.spend(stream_id, size)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            (self.loop or asyncio.get_running_loop()).call_soon(self.flush)
+        return True
+
     def trailers(self, stream_id: int, block: bytes) -> None:
         """End the stream with `block` once its DATA is out."""
         waiting = self.waiting.get(stream_id)
