@@ -84,8 +84,10 @@ class HttpApp:
                 answer(refused, [])
                 return _nothing
 
+        compressible = bool(headers.get(b"accept-encoding"))  # else no call to _compress per reply
+
         def answered(reply: Reply) -> None:
-            if reply.status == 200:
+            if reply.status == 200 and compressible:
                 answer(*self._compress(reply, headers))
             else:
                 answer(reply, [])

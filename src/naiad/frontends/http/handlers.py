@@ -199,7 +199,9 @@ def _decode(server: InferenceServer, route: Route, body: bytes, headers: Headers
         request = decode_infer_request(body, header_length, model, route.version)
     if route.label is not None:
         _route_label(request, route.label)
-    forward_headers(request.parameters, headers, server.options.http_header_forward_pattern)
+    pattern = server.options.http_header_forward_pattern
+    if pattern:
+        forward_headers(request.parameters, headers, pattern)
     return request
 
 

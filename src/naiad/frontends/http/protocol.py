@@ -153,7 +153,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         self.connections.open.add(self)
         self.idle_timer.since = time.monotonic()  # idle (and evictable) until its first request; not timed yet
-        self._arm()  # a connection that never sends a request is closed too
+        self.read_timer.idle()  # a connection that never sends a request is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.open.discard(self)
@@ -224,7 +224,7 @@ class HttpProtocol(asyncio.Protocol):
             if self.limit is not None:
                 self.limit.busy(self)
         if not self.read_timer.since:  # else the connection's wait for its first request goes on
-            self._arm()
+            self.read_timer.idle()
 
     def on_url(self, url: bytes) -> None:
         self.current.url += url
@@ -235,7 +235,8 @@ class HttpProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.in_head = False
         request = self.current
-        if self._declares_too_large():
+        length = request.headers.get(b"content-length")
+        if length is not None and length.strip().isdigit() and int(length) > self.max_body:
             request.refusal = _too_large(self.max_body)
         elif self.admit is not None:
             request.refusal = self.admit(request.url, request.headers)
@@ -268,7 +269,7 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_complete(self) -> None:
         request = self.current
         self.reading = False
-        self._disarm()
+        self.read_timer.busy()
         if request.answered:
             self.close()  # its 400 went out with `connection: close` when the headers came
             return
@@ -282,17 +283,7 @@ class HttpProtocol(asyncio.Protocol):
         else:
             self.pauses.pause("queue")  # pipelined requests wait their turn
 
-    def _declares_too_large(self) -> bool:
-        length = self.current.headers.get(b"content-length")
-        return length is not None and length.strip().isdigit() and int(length) > self.max_body
-
     # -- slow clients --------------------------------------------------------------------------
-
-    def _arm(self) -> None:
-        self.read_timer.idle()
-
-    def _disarm(self) -> None:
-        self.read_timer.busy()
 
     def _went_idle(self) -> None:
         """No request in hand: the idle timeout runs, and the connection may make room for another."""
@@ -307,7 +298,7 @@ class HttpProtocol(asyncio.Protocol):
     def _read_timed_out(self) -> None:
         if self.busy:
             # A pipelined request waits while we answer the one before: the wait is ours.
-            self._arm()
+            self.read_timer.idle()
         elif self.reading:
             log.debug("closing a connection whose request did not arrive within %s s", self.read_timeout)
             message = (f'{{"error":"request not received within {self.read_timeout:g} s '
@@ -325,7 +316,8 @@ class HttpProtocol(asyncio.Protocol):
                 return  # the client is not reading its answers: resume_writing goes on
             self._start(self.queue.popleft())
         if not self.queue:
-            self.pauses.resume("queue")
+            if self.pauses.reasons:  # (rarely: a call fewer per request when none)
+                self.pauses.resume("queue")
             if self.task is None and self.waiting is None and not self.reading:
                 self._went_idle()
 
@@ -345,7 +337,9 @@ class HttpProtocol(asyncio.Protocol):
             # fought this one for the GIL between reads (one more context switch per request and
             # 10-20 % fewer inferences/s at 32 connections; docs/benchmarks.md, 2026-12-04 evening).
             waiting = self.waiting = _Waiting(self, keep_alive)
-            self._loop().call_soon(self._dispatch, request, path, body, waiting)
+            loop = self.loop
+            assert loop is not None  # set when connected, before any request
+            loop.call_soon(self._dispatch, request, path, body, waiting)
             return
         work = self.dispatch(request.method, path, request.headers, body)
         self.task = self._loop().create_task(self._run(request, work, keep_alive))
@@ -371,11 +365,6 @@ class HttpProtocol(asyncio.Protocol):
     def _loop(self) -> asyncio.AbstractEventLoop:
         assert self.loop is not None  # set when connected, before any request
         return self.loop
-
-    def _answered_later(self) -> None:
-        """A request answered without a task got its reply (written already): on to the next."""
-        self.waiting = None
-        self._next()
 
     async def _run(self, request: _Request, work: Awaitable[tuple[Reply, list[tuple[bytes, bytes]]]],
                    keep_alive: bool) -> None:
@@ -476,7 +465,8 @@ class _Waiting:
         protocol = self.protocol
         protocol._write(reply, extra, self.keep_alive)
         if protocol.waiting is self:  # still this connection's request in hand: on to the next
-            protocol._answered_later()
+            protocol.waiting = None
+            protocol._next()
 
 
 def _nothing() -> None:
