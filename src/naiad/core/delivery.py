@@ -112,7 +112,7 @@ class BatchDelivery(BatchSender):
                 start, compute = self.submitted_ns, (0, now - self.submitted_ns, 0)
             error = response.error
             stats.record_request(error is None, now - job.enqueued_ns, start - job.enqueued_ns, compute,
-                                 responder.reason(error))
+                                 "" if error is None else responder.reason(error))  # (no reason: a success)
             responder.release(1)
         job.sink(response)
 

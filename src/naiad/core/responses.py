@@ -44,7 +44,10 @@ class ResponseBuilder:
 
     def _tensor(self, requested: RequestedOutput, array: np.ndarray) -> Tensor:
         spec = self.outputs[requested.name]
-        array = self._client_shape(spec, array)
+        # A config `reshape` means the model's shape differs from the one clients see.
+        dims = spec.shape[1:] if self.batched else spec.shape
+        if len(dims) != array.ndim - (1 if self.batched else 0):
+            array = array.reshape(((array.shape[0],) if self.batched else ()) + tuple(dims))
         # The requested output's parameters are instructions, not output parameters: Triton
         # answers with none of them (only binary_data_size, which the frontend adds).
         class_count = requested.parameters.get("classification")
@@ -52,14 +55,6 @@ class ResponseBuilder:
             array = self._classify(spec, array, int(class_count))
             return Tensor(spec.name, DataType.BYTES, array.shape, array)
         return Tensor(spec.name, spec.datatype, array.shape, array)
-
-    def _client_shape(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
-        # A config `reshape` means the model's shape differs from the one clients see.
-        dims = spec.shape[1:] if self.batched else spec.shape
-        if len(dims) == array.ndim - (1 if self.batched else 0):
-            return array
-        target = ((array.shape[0],) if self.batched else ()) + tuple(dims)
-        return array.reshape(target)
 
     def _classify(self, spec: TensorSpec, array: np.ndarray, count: int) -> np.ndarray:
         if spec.datatype is DataType.BYTES:

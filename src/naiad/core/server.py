@@ -444,8 +444,11 @@ class _LoopSink:
         self.loop = loop if loop is not None and self.thread == server.loop_thread else asyncio.get_running_loop()
 
     def __call__(self, response: InferResponse) -> None:
-        if threading.get_ident() == self.thread:
-            self.deliver(response)
+        if threading.get_ident() == self.thread:  # `deliver`, inline (once per request)
+            if self.open:
+                if response.final:
+                    self._close()
+                self.answer(response)
         else:
             self.loop.call_soon_threadsafe(self.deliver, response)
 

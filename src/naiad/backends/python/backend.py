@@ -284,7 +284,9 @@ class PythonInstance(ModelInstance):
         pending = _Pending(batch_id, batch, sender)
         try:
             room = p.InlineRoom()  # one Execute message
-            requests = [self._request(process, request, room) for request in batch.requests]
+            batched = batch.requests
+            requests = ([self._request(process, batched[0], room)] if len(batched) == 1  # (no comprehension's call)
+                        else [self._request(process, request, room) for request in batched])
             self._pending[batch_id] = pending  # one dict store: atomic, and _on_exit swaps the dict under the lock
             process.send_soon(p.Execute(batch_id, requests, process.take_frees()), self._call_soon)
         except BaseException as error:
@@ -328,7 +330,9 @@ class PythonInstance(ModelInstance):
             self._traces[trace] = request.trace
         arena = process.arena
         assert arena is not None  # set when the process started
-        inputs = [p.tensor_ref(arena, tensor.name, tensor.datatype, tensor.data, room) for tensor in request.inputs]
+        inputs = []
+        for tensor in request.inputs:  # (a loop: no comprehension's call per request)
+            inputs.append(p.tensor_ref(arena, tensor.name, tensor.datatype, tensor.data, room))
         return p.Request(request.id, correlation_id, flags, timeout, custom, outputs, inputs, trace)
 
     # -- messages from the model process (reader thread) -------------------------------------
@@ -380,7 +384,8 @@ class PythonInstance(ModelInstance):
         newest = self._newest
         self._mark_executed(pending, ExecutionTimes(*times) if len(times) == 4 else None)
         process = self._process
-        if process is not None and self._idle_before(newest):
+        # (one batch pending: only the one just answered; any other came after `newest` was read)
+        if process is not None and (len(self._pending) == 1 or self._idle_before(newest)):
             # The model process has nothing left to execute but what the scheduler just gave it:
             # that goes out now, not at the end of this turn of the loop, and the model computes
             # it while the responses below are encoded and written (py_mlp at c=8 and 32: up to
@@ -398,13 +403,12 @@ class PythonInstance(ModelInstance):
                 self._fail_open(pending, InternalError(
                     f"model '{self.model.config.name}' returned no response for a request: execute must return "
                     "one InferenceResponse per request or send it through the request's response sender"))
-        self._forget_if_done(pending)
+        if not pending.open and pending.executed:  # `_forget_if_done`, inline (once per batch)
+            self._pending.pop(pending.batch_id, None)
 
     def _idle_before(self, newest: int) -> bool:
         """Whether every batch up to id `newest` has executed (a snapshot: other threads may submit)."""
         pending = self._pending
-        if len(pending) == 1:
-            return True  # only the batch just answered (any other came after `newest` was read)
         return all(other.executed or other.batch_id > newest for other in list(pending.values()))
 
     def _mark_executed(self, pending: _Pending, times: ExecutionTimes | None = None) -> None:
