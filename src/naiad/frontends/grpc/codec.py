@@ -9,6 +9,7 @@ each bytes entry) or from typed `contents`, never both; outputs always go back i
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
@@ -80,13 +81,17 @@ def _decode_outputs(items: Sequence[pb.ModelInferRequest.InferRequestedOutputTen
     outputs: list[RequestedOutput] = []
     seen: set[str] = set()
     for item in items:
-        if item.name in seen:
-            raise InvalidArgument(f"output '{item.name}' already exists in request")
-        seen.add(item.name)
-        parameters = decode_plain(item.parameters) if item.parameters else {}
-        if "classification" in item.parameters:
-            _check_classification(item.parameters["classification"])
-        outputs.append(RequestedOutput(item.name, parameters))
+        name = item.name  # (each read of a protobuf field makes a new object: read once)
+        if name in seen:
+            raise InvalidArgument(f"output '{name}' already exists in request")
+        seen.add(name)
+        parameters: dict[str, Any] = {}
+        given = item.parameters
+        if given:
+            parameters = decode_plain(given)
+            if "classification" in given:
+                _check_classification(given["classification"])
+        outputs.append(RequestedOutput(name, parameters))
     return outputs
 
 

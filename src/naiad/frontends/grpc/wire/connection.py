@@ -309,9 +309,10 @@ class Connection(asyncio.Protocol):
         stream_id = frame.stream_id
         if stream_id == 0:
             self.flow.granted(0, increment)
-            if not self.outbox.waiting:
+            if self.outbox.waiting:
+                self.outbox.drain_all()
+            else:
                 self.floods.count_window_update(self.now, "WINDOW_UPDATEs that free nothing")
-            self.outbox.drain_all()
             return
         call = self.calls.get(stream_id)
         if call is None:
