@@ -302,9 +302,8 @@ class PumpedScheduler(Scheduler):
 
     def _free_workers(self) -> list[int]:
         """Workers that may take a batch now (under the lock), least busy first."""
-        held = self._held
-        if len(held) == 1:  # one instance (the common case): no comprehension
-            return [0] if held[0] < self._depths[0] and not self._refused[0] else []
+        if len(self._held) == 1:  # one instance (the common case): no comprehension
+            return [0] if self._held[0] < self._depths[0] and not self._refused[0] else []
         free = [i for i, held in enumerate(self._held) if held < self._depths[i] and not self._refused[i]]
         if len(free) > 1:
             free.sort(key=self._held.__getitem__)

@@ -316,7 +316,7 @@ class HttpProtocol(asyncio.Protocol):
                 return  # the client is not reading its answers: resume_writing goes on
             self._start(self.queue.popleft())
         if not self.queue:
-            if self.pauses.reasons:  # (rarely: a call fewer per request when none)
+            if self.pauses.reasons:  # (paused only behind pipelined requests: most skip the call)
                 self.pauses.resume("queue")
             if self.task is None and self.waiting is None and not self.reading:
                 self._went_idle()
