@@ -51,12 +51,14 @@ class Call:
         self.max_message_size = max_message_size
         found = dict(headers)
         self.accepts = _accepted(found.get(b"grpc-accept-encoding", b""))
-        self.reader = MessageReader(max_message_size, _text(found.get(b"grpc-encoding")))
+        encoding = found.get(b"grpc-encoding")
+        self.reader = MessageReader(max_message_size, encoding.decode("latin-1") if encoding else None)
         self.requests: list[Any] = []
         self.queue: asyncio.Queue[Any] | None = asyncio.Queue() if route.client_streaming else None
         self.encoding: str | None = None
         self.task: asyncio.Task[None] | None = None
-        self.deadline: asyncio.TimerHandle | None = _deadline(found.get(b"grpc-timeout"), self)
+        timeout = found.get(b"grpc-timeout")  # (most calls have none: no call to _deadline)
+        self.deadline: asyncio.TimerHandle | None = _deadline(timeout, self) if timeout else None
         # Trace stamps: when the call opened and its request was whole (GRPC_RECV_*), and who
         # to tell when a unary response went out (GRPC_SEND_*; the servicer sets it).
         self.opened_ns = time.monotonic_ns()
@@ -273,10 +275,6 @@ def _accepted(value: bytes) -> frozenset[str]:
 _ACCEPTED: dict[bytes, frozenset[str]] = {}
 _ACCEPTED_LIMIT = 64  # values kept
 _ACCEPTED_LENGTH = 128  # the longest value kept ("identity,deflate,gzip" is 21): a few KB in all
-
-
-def _text(value: bytes | None) -> str | None:
-    return value.decode("latin-1") if value else None
 
 
 def _deadline(value: bytes | None, call: Call) -> asyncio.TimerHandle | None:

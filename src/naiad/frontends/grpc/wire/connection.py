@@ -116,7 +116,11 @@ class Connection(asyncio.Protocol):
         except Exception:
             log.exception("gRPC connection failed")
             self.close(f.INTERNAL_ERROR)
-        self.outbox.flush()
+        outbox = self.outbox
+        if outbox.out:
+            outbox.flush()
+        else:  # (a request answered later: nothing to write yet, and no flush's call)
+            outbox.flush_scheduled = False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -229,7 +233,11 @@ class Connection(asyncio.Protocol):
         self._start_call(stream_id, headers, end)
 
     def _start_call(self, stream_id: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
-        path = next((value for name, value in headers if name == b":path"), b"")
+        path = b""
+        for name, value in headers:  # (a loop: no generator's calls per call)
+            if name == b":path":
+                path = value
+                break
         route = self.routes.get(path)
         refusal = (_UNIMPLEMENTED, _NOT_FOUND + path.decode("latin-1")) if route is None else (
             route.admit(headers) if route.admit is not None else None)
