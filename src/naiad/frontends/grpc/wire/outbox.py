@@ -112,11 +112,8 @@ class Outbox:
         out.append(f.frame(f.HEADERS, f.END_HEADERS, stream_id, headers))
         out.append(f.head(f.DATA, 0, stream_id, size))
         out.extend(pieces)
-        out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, trailers))
         self.flow.spend(stream_id, size)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            (self.loop or asyncio.get_running_loop()).call_soon(self.flush)
+        self.emit(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, trailers))  # (and the flush)
         return True
 
     def trailers(self, stream_id: int, block: bytes) -> None:
