@@ -99,3 +99,40 @@ def test_a_busy_model_gets_its_next_batch_with_the_rest_of_the_turn(tmp_path: Pa
     events.clear()
     _executed(instance, 8)
     assert events == ["executed", "flush", "response 0", "response 1"]
+
+
+class _SubmittingProcess(_Process):
+    """... and what `submit` calls: the Execute sent at once or with the rest of the loop's turn."""
+
+    arena = object()  # (the requests here carry no tensors: nothing is written to it)
+
+    def take_frees(self) -> list[int]:
+        return []
+
+    def send_now(self, message: p.Execute) -> None:
+        self.events.append(f"now {message.batch}")
+
+    def send_soon(self, message: p.Execute, call_soon: Any) -> None:
+        self.events.append(f"soon {message.batch}")
+
+
+def test_an_idle_model_gets_a_submitted_batch_at_once(tmp_path: Path) -> None:
+    # Nothing else executing (one request at a time): the batch goes out as it is submitted, and
+    # the rest of the loop's turn overlaps its execution. A busy model gets the next one with
+    # whatever else the turn sends it, in one write.
+    events: list[str] = []
+    instance = _instance(tmp_path, events)
+    instance._process = _SubmittingProcess(events)  # type: ignore[assignment]
+
+    assert instance.submit(Batch([InferRequest("m", None, [], None)], batched=False), _Sender(events))
+    assert instance.submit(Batch([InferRequest("m", None, [], None)], batched=False), _Sender(events))
+
+    assert events == ["now 1", "soon 2"]
+    _executed_one(instance, 1)
+    _executed_one(instance, 2)
+    assert instance.submit(Batch([InferRequest("m", None, [], None)], batched=False), _Sender(events))
+    assert events[-1] == "now 3"  # idle again
+
+
+def _executed_one(instance: PythonInstance, batch_id: int) -> None:
+    instance._on_message(p.Executed(batch_id, [p.Response(batch_id, 0, [], error="x")], times=[1, 2, 3, 4]))

@@ -182,6 +182,18 @@ class StubProcess:
                 return
         self.send(message)
 
+    def send_now(self, message: Any) -> None:
+        """Send `message` at once, after whatever `send_soon` holds (in order, in one write)."""
+        if self.channel is None:
+            raise InternalError(f"the model process of '{self.name}' is not running")
+        if not self._outbox:
+            self.channel.send(message)  # (nearly always: nothing else was sent this turn)
+            return
+        with self._outbox_lock:
+            messages, self._outbox = self._outbox, []
+        messages.append(message)
+        self.channel.send_many(messages)
+
     def flush(self) -> None:
         """Send what `send_soon` holds for the end of this turn of the event loop, now."""
         if not self._outbox:
