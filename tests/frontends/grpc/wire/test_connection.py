@@ -463,3 +463,48 @@ def test_a_unary_answer_waits_while_the_socket_is_full_and_one_too_large_is_refu
         assert stream.trailers["grpc-status"] == "8" and stream.data == b""
 
     run(body)
+
+
+def test_the_only_calls_answer_is_written_at_once() -> None:
+    # One request at a time (c=1): the answer goes to the socket while the read that brought
+    # the request is still being handled, not at the end of the loop's turn; the call's
+    # bookkeeping comes after, while the client reads.
+    async def body() -> None:
+        client = Client(routes=SOON_ROUTES)
+        await settle()
+        client.received()
+        client.call(1, "/t.S/Echo", Request(id="now"))
+        stream = client.received()[1]  # no turn of the loop in between
+        assert pb.ModelInferResponse.FromString(_messages(stream.data)[0]).id == "now"
+        assert stream.trailers == {"grpc-status": "0"}
+
+    run(body)
+
+
+def test_answers_of_calls_open_together_go_out_in_one_write() -> None:
+    held: list[tuple[Request, Any]] = []
+
+    def hold(request: Request, call: Any) -> bool:
+        held.append((request, call))
+        return True
+
+    async def body() -> None:
+        client = Client(routes={b"/t.S/Echo": Route("Echo", Request, echo, False, False, soon=hold)})
+        await settle()
+        client.received()
+        for stream_id in (1, 3, 5):
+            client.call(stream_id, "/t.S/Echo", Request(id=str(stream_id)))
+        writes = []
+        client.transport.writelines = writes.append  # type: ignore[method-assign]
+        for request, call in held:  # answered in one turn of the loop, as a batch's responses are
+            call.answer(pb.ModelInferResponse(id=request.id))
+        await settle()
+        assert len(writes) == 1  # the last answer (then its connection's only call) took them all
+        for piece in writes[0]:
+            client.transport.data += piece
+        streams = client.received()
+        ids = [pb.ModelInferResponse.FromString(_messages(streams[i].data)[0]).id for i in (1, 3, 5)]
+        assert ids == ["1", "3", "5"]
+        assert all(streams[i].trailers == {"grpc-status": "0"} for i in (1, 3, 5))
+
+    run(body)

@@ -362,8 +362,11 @@ class Connection(asyncio.Protocol):
         go, when the windows and the socket take the message now; False: nothing was sent."""
         encoding = call.encoding.encode() if call.encoding else None
         stream_id = call.stream_id
+        # The connection's only call (one request at a time): its answer is written at once and
+        # the call's bookkeeping follows while the client reads it. With more calls open, answers
+        # finishing in the same turn of the loop go out together at its end (one write).
         if not self.outbox.unary(stream_id, response_headers(encoding), pieces, sum(map(len, pieces)),
-                                 trailers(0)):
+                                 trailers(0), len(self.calls) == 1):
             return False
         call.headers_sent = True
         call.closed = True

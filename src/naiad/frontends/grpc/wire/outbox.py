@@ -101,10 +101,12 @@ class Outbox:
         self.drain(stream_id)
         return True
 
-    def unary(self, stream_id: int, headers: bytes, pieces: list[bytes], size: int, trailers: bytes) -> bool:
+    def unary(self, stream_id: int, headers: bytes, pieces: list[bytes], size: int, trailers: bytes,
+              now: bool = False) -> bool:
         """A unary call's whole answer, HEADERS, its message as one DATA frame and the trailers,
         queued in one go when the windows and the socket take the message now (nearly always);
-        False: nothing was queued (send it with `data` and `trailers`). The caller reports the
+        False: nothing was queued (send it with `data` and `trailers`). `now`: written at once,
+        with whatever else waits, not at the end of this turn of the loop. The caller reports the
         DATA and the stream's end itself (no `on_data` or `on_done` from here)."""
         if self.paused or stream_id in self.waiting or size > self.flow.budget(stream_id, self.max_frame):
             return False
@@ -113,7 +115,12 @@ class Outbox:
         out.append(f.head(f.DATA, 0, stream_id, size))
         out.extend(pieces)
         self.flow.spend(stream_id, size)
-        self.emit(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, trailers))  # (and the flush)
+        end = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, trailers)
+        if now:
+            out.append(end)
+            self.flush()
+        else:
+            self.emit(end)  # (and the flush)
         return True
 
     def trailers(self, stream_id: int, block: bytes) -> None:
