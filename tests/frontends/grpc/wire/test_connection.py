@@ -97,9 +97,13 @@ class Client:
         return f.frame(f.HEADERS, flags, stream_id, self.encoder.encode(pairs))
 
     def call(self, stream_id: int, path: str, request: Request, **extra: str) -> None:
+        self.send(self.call_frames(stream_id, path, request, **extra))
+
+    def call_frames(self, stream_id: int, path: str, request: Request, **extra: str) -> bytes:
+        """A unary call's HEADERS and its one message, ending the stream."""
         body = request.SerializeToString()
         message = b"\x00" + len(body).to_bytes(4, "big") + body
-        self.send(self.headers(stream_id, path, **extra) + f.frame(f.DATA, f.END_STREAM, stream_id, message))
+        return self.headers(stream_id, path, **extra) + f.frame(f.DATA, f.END_STREAM, stream_id, message)
 
     def received(self) -> dict[int, Stream]:
         """Decode everything sent so far into per-stream results."""
@@ -466,14 +470,18 @@ def test_a_unary_answer_waits_while_the_socket_is_full_and_one_too_large_is_refu
 
 
 def test_the_only_calls_answer_is_written_at_once() -> None:
-    # One request at a time (c=1): the answer goes to the socket while the read that brought
-    # the request is still being handled, not at the end of the loop's turn; the call's
-    # bookkeeping comes after, while the client reads.
+    # One request at a time (c=1), answered later (a model process's answer): the answer goes to
+    # the socket as it is made, not at the end of the loop's turn; the call's bookkeeping comes
+    # after, while the client reads.
+    held: list[tuple[Request, Any]] = []
+
     async def body() -> None:
-        client = Client(routes=SOON_ROUTES)
+        client = Client(routes={b"/t.S/Echo": Route("Echo", Request, echo, False, False, soon=_holding(held))})
         await settle()
         client.received()
         client.call(1, "/t.S/Echo", Request(id="now"))
+        request, call = held.pop()
+        call.answer(pb.ModelInferResponse(id=request.id))
         stream = client.received()[1]  # no turn of the loop in between
         assert pb.ModelInferResponse.FromString(_messages(stream.data)[0]).id == "now"
         assert stream.trailers == {"grpc-status": "0"}
@@ -481,15 +489,39 @@ def test_the_only_calls_answer_is_written_at_once() -> None:
     run(body)
 
 
-def test_answers_of_calls_open_together_go_out_in_one_write() -> None:
-    held: list[tuple[Request, Any]] = []
+def test_answers_made_inside_one_read_go_out_in_one_write() -> None:
+    # Calls answered while their read is handled (one open at a time, each answered on the spot)
+    # leave with the read's one write, not one write each.
+    async def body() -> None:
+        client = Client(routes=SOON_ROUTES)
+        await settle()
+        client.received()
+        writes = []
+        client.transport.writelines = writes.append  # type: ignore[method-assign]
+        client.send(b"".join(client.call_frames(i, "/t.S/Echo", Request(id=str(i))) for i in (1, 3, 5)))
+        assert len(writes) == 1
+        for piece in writes[0]:
+            client.transport.data += piece
+        streams = client.received()
+        ids = [pb.ModelInferResponse.FromString(_messages(streams[i].data)[0]).id for i in (1, 3, 5)]
+        assert ids == ["1", "3", "5"]
 
+    run(body)
+
+
+def _holding(held: list[tuple[Request, Any]]) -> Callable[[Request, Any], bool]:
+    """A `Route.soon` that keeps each call open, to be answered later by the test."""
     def hold(request: Request, call: Any) -> bool:
         held.append((request, call))
         return True
+    return hold
+
+
+def test_answers_of_calls_open_together_go_out_in_one_write() -> None:
+    held: list[tuple[Request, Any]] = []
 
     async def body() -> None:
-        client = Client(routes={b"/t.S/Echo": Route("Echo", Request, echo, False, False, soon=hold)})
+        client = Client(routes={b"/t.S/Echo": Route("Echo", Request, echo, False, False, soon=_holding(held))})
         await settle()
         client.received()
         for stream_id in (1, 3, 5):
@@ -499,7 +531,7 @@ def test_answers_of_calls_open_together_go_out_in_one_write() -> None:
         for request, call in held:  # answered in one turn of the loop, as a batch's responses are
             call.answer(pb.ModelInferResponse(id=request.id))
         await settle()
-        assert len(writes) == 1  # the last answer (then its connection's only call) took them all
+        assert len(writes) == 1  # the end of the turn took them all, the last one included
         for piece in writes[0]:
             client.transport.data += piece
         streams = client.received()

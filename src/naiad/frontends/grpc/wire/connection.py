@@ -362,9 +362,10 @@ class Connection(asyncio.Protocol):
         go, when the windows and the socket take the message now; False: nothing was sent."""
         encoding = call.encoding.encode() if call.encoding else None
         stream_id = call.stream_id
-        # The connection's only call (one request at a time): its answer is written at once and
-        # the call's bookkeeping follows while the client reads it. With more calls open, answers
-        # finishing in the same turn of the loop go out together at its end (one write).
+        # The connection's only call (one request at a time), answered after the read that
+        # brought it: its answer is written at once and the call's bookkeeping follows while the
+        # client reads it. With more calls open, or inside a read, answers go out together at the
+        # end of the turn or of the read (one write).
         if not self.outbox.unary(stream_id, response_headers(encoding), pieces, sum(map(len, pieces)),
                                  trailers(0), len(self.calls) == 1):
             return False

@@ -106,8 +106,9 @@ class Outbox:
         """A unary call's whole answer, HEADERS, its message as one DATA frame and the trailers,
         queued in one go when the windows and the socket take the message now (nearly always);
         False: nothing was queued (send it with `data` and `trailers`). `now`: written at once,
-        with whatever else waits, not at the end of this turn of the loop. The caller reports the
-        DATA and the stream's end itself (no `on_data` or `on_done` from here)."""
+        with whatever else waits, unless a flush is coming anyway (the end of the read being
+        handled, or of this turn of the loop), which it then joins. The caller reports the DATA
+        and the stream's end itself (no `on_data` or `on_done` from here)."""
         if self.paused or stream_id in self.waiting or size > self.flow.budget(stream_id, self.max_frame):
             return False
         out = self.out
@@ -116,7 +117,7 @@ class Outbox:
         out.extend(pieces)
         self.flow.spend(stream_id, size)
         end = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, trailers)
-        if now:
+        if now and not self.flush_scheduled:
             out.append(end)
             self.flush()
         else:
